@@ -1,0 +1,60 @@
+"""The engine side of the ``fleet`` command: ``worker`` and ``bench ...``.
+
+``producer.cli`` is the front door and hands these sub-commands over lazily, so the
+producer side installs and runs without torch. Each sub-command lives in its own module
+exposing ``add_arguments(parser)`` and ``run(args) -> int``.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+# sub-command path -> (module, help)
+COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
+    ("worker",): ("gpu_worker.edge.cli", "run a worker: pull requests from Redis, stream tokens back"),
+    ("bench", "throughput"): ("gpu_worker.bench.throughput", "engine vs transformers, in-process"),
+    ("bench", "e2e"): ("gpu_worker.edge.bench_e2e", "the fleet through Redis vs the in-process engine"),
+    ("bench", "spec"): ("gpu_worker.bench.spec", "speculative decoding proposers, side by side"),
+}
+ENGINE_COMMANDS = frozenset(path[0] for path in COMMANDS)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fleet")
+    top = parser.add_subparsers(dest="command", required=True)
+    groups: dict[str, argparse._SubParsersAction] = {}
+    for path, (module_name, help_text) in COMMANDS.items():
+        if len(path) == 1:
+            sub = top.add_parser(path[0], help=help_text)
+        else:
+            if path[0] not in groups:
+                group = top.add_parser(path[0], help=f"{path[0]} sub-commands")
+                groups[path[0]] = group.add_subparsers(dest="subcommand", required=True)
+            sub = groups[path[0]].add_parser(path[1], help=help_text)
+        sub.set_defaults(_module=module_name)
+        _add_arguments_lazily(sub, module_name)
+    return parser
+
+
+def _add_arguments_lazily(sub: argparse.ArgumentParser, module_name: str) -> None:
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):
+            sub.description = "(not available in this build)"
+            return
+        raise
+    module.add_arguments(sub)
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    module = importlib.import_module(args._module)
+    return int(module.run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,47 @@
+"""Engine options (immutable); derived values such as the block count are computed once
+and passed on, never written back."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineConfig:
+    """Options of one engine.
+
+    model: ``None`` for the embedded SmolLM2-135M-Instruct, a local Hugging Face directory,
+        or a ``.gguf`` file.
+    kv_cache_memory: bytes for the KV cache; ``None`` takes ``kv_cache_fraction`` of the
+        memory available after the weights are loaded.
+    max_num_batched_tokens: the token budget of one step (prefill chunks + decodes + drafts).
+    max_num_seqs: the most requests running at once.
+    max_model_len: cap on prompt + output tokens (default: the model's context).
+    """
+
+    model: str | None = None
+    device: str = "cpu"
+    dtype: str = "float32"
+    block_size: int = 16
+    kv_cache_memory: int | None = None
+    kv_cache_fraction: float = 0.2
+    max_num_batched_tokens: int = 1024
+    max_num_seqs: int = 64
+    max_model_len: int | None = None
+    enable_prefix_caching: bool = True
+    seed: int = 0
+    num_threads: int | None = None
+    quantization: str | None = None
+    speculative: str | None = None
+    num_speculative_tokens: int = 4
+    draft_model: str | None = None
+
+
+def parse_bytes(text: str) -> int:
+    """'2GiB', '512MiB', '1.5G', '1000000' -> bytes."""
+    units = {"k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12, "kib": 2**10, "mib": 2**20, "gib": 2**30,
+             "tib": 2**40, "kb": 1e3, "mb": 1e6, "gb": 1e9, "b": 1}
+    s = text.strip().lower()
+    for unit in sorted(units, key=len, reverse=True):
+        if s.endswith(unit):
+            return int(float(s[: -len(unit)]) * units[unit])
+    return int(float(s))

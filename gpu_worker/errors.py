@@ -1,0 +1,23 @@
+"""Typed errors raised at the engine's boundary.
+
+Every error a single request can cause is an :class:`InvalidRequestError` with a stable
+``code``; the engine raises it for that request alone and keeps serving the others.
+"""
+from __future__ import annotations
+
+
+class EngineError(Exception):
+    """Base class of every error the engine raises on purpose."""
+
+
+class InvalidRequestError(EngineError, ValueError):
+    """A request the engine refuses; ``code`` is stable and goes on the wire."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+class ModelLoadError(EngineError):
+    """The model (weights, config or tokenizer) could not be loaded."""

@@ -1,0 +1,104 @@
+"""The offline API: generate without Redis.
+
+    from gpu_worker import LLM, SamplingParams
+    llm = LLM()                                   # embedded SmolLM2-135M-Instruct
+    outs = llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=32))
+    print(outs[0].text)
+"""
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Sequence
+from typing import Union
+
+from gpu_worker.config import EngineConfig
+from gpu_worker.engine import EngineCore
+from gpu_worker.errors import InvalidRequestError
+from gpu_worker.outputs import CompletionOutput, RequestDelta
+from gpu_worker.sampling_params import SamplingParams
+
+# A prompt is text, a chat (list of {"role", "content"} dicts), or token ids.
+Prompt = Union[str, Sequence[dict], Sequence[int]]
+
+
+class LLM:
+    """Owns one :class:`EngineCore`; ``engine_options`` are :class:`EngineConfig` fields."""
+
+    def __init__(self, model: str | None = None, **engine_options) -> None:
+        self.engine = EngineCore(EngineConfig(model=model, **engine_options))
+        self.tokenizer = self.engine.tokenizer
+        self._ids = itertools.count()
+
+    def encode(self, prompt: Prompt) -> list[int]:
+        """Token ids of a prompt (chat messages go through the chat template)."""
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt)
+        items = list(prompt)
+        if items and all(isinstance(m, dict) for m in items):
+            return self.tokenizer.apply_chat_template(items)
+        if all(isinstance(t, int) and not isinstance(t, bool) for t in items):
+            return items
+        raise InvalidRequestError("invalid_prompt", "a prompt is a string, a list of chat messages, or token ids")
+
+    def generate(self, prompts: Prompt | Sequence[Prompt],
+                 params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[CompletionOutput]:
+        """Run every prompt in one continuous batch; results in prompt order. A bad prompt
+        raises before anything runs."""
+        prompts = _as_list(prompts)
+        outputs: dict[str, CompletionOutput] = {}
+        order = []
+        for rid, ids, p in self._submit(prompts, params):
+            outputs[rid] = CompletionOutput(request_id=rid, prompt_token_ids=ids)
+            order.append(rid)
+        while self.engine.has_unfinished_requests():
+            for delta in self.engine.step():
+                _accumulate(outputs[delta.request_id], delta)
+        return [outputs[rid] for rid in order]
+
+    def stream(self, prompts: Prompt | Sequence[Prompt],
+               params: SamplingParams | Sequence[SamplingParams] | None = None) -> Iterator[tuple[int, RequestDelta]]:
+        """Yield ``(prompt index, delta)`` as tokens come, across all prompts at once."""
+        prompts = _as_list(prompts)
+        index = {rid: i for i, (rid, _, _) in enumerate(self._submit(prompts, params))}
+        while self.engine.has_unfinished_requests():
+            for delta in self.engine.step():
+                yield index[delta.request_id], delta
+
+    def _submit(self, prompts: list, params) -> list[tuple[str, list[int], SamplingParams]]:
+        if params is None:
+            params = SamplingParams()
+        plist = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+        if len(plist) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(plist)} SamplingParams")
+        batch = [(f"offline-{next(self._ids)}", self.encode(p), sp) for p, sp in zip(prompts, plist)]
+        added = []
+        try:
+            for rid, ids, sp in batch:
+                self.engine.add_request(rid, ids, sp)
+                added.append(rid)
+        except InvalidRequestError:
+            for rid in added:
+                self.engine.abort_request(rid)
+            while self.engine.has_unfinished_requests():
+                self.engine.step()
+            raise
+        return batch
+
+
+def _as_list(prompts) -> list:
+    if isinstance(prompts, str):
+        return [prompts]
+    items = list(prompts)
+    if items and (isinstance(items[0], dict) or isinstance(items[0], int)):
+        return [items]      # a single chat or a single token-id list
+    return items
+
+
+def _accumulate(out: CompletionOutput, delta: RequestDelta) -> None:
+    out.token_ids.extend(delta.new_token_ids)
+    out.text += delta.new_text
+    if delta.logprobs is not None:
+        out.logprobs = (out.logprobs or []) + list(delta.logprobs)
+    out.num_cached_tokens = delta.num_cached_tokens
+    if delta.finished:
+        out.finish_reason = delta.finish_reason

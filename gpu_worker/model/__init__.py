@@ -1,0 +1,1 @@
+"""Model definitions and loading: the project's own Llama-family decoder."""

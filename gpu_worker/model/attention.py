@@ -1,0 +1,131 @@
+"""Paged attention on the CPU with torch ops, planned once per step and shared by all layers.
+
+The KV cache of one layer is a pair of tensors ``[num_blocks, block_size, num_kv_heads,
+head_dim]``. A step's tokens are flat and unpadded; decode rows (one query token) come
+first, sorted by context length, then prefill chunks. Decodes are run as a few batched
+SDPA calls over length buckets (little padding); each prefill chunk is one SDPA call,
+over its own new K/V when it has no cached prefix, else over its gathered context.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+# A decode bucket grows while its longest context stays within this factor of its shortest.
+BUCKET_GROWTH = 1.5
+
+
+@dataclass(frozen=True)
+class AttentionMetadata:
+    """Batch layout shared by every attention backend (built by the model runner)."""
+
+    slot_mapping: torch.Tensor      # [num_tokens] int64
+    block_tables: torch.Tensor      # [num_seqs, max_blocks_per_seq] int64
+    seq_lens: list[int]             # per sequence: context length including new tokens
+    query_lens: list[int]           # per sequence: new tokens this step
+    num_decodes: int                # the first num_decodes sequences have query_len == 1
+    block_size: int
+
+
+@dataclass(frozen=True)
+class _DecodeBucket:
+    start: int                      # first decode row
+    end: int
+    block_ids: torch.Tensor         # [num_rows * blocks] int64
+    num_blocks: int                 # blocks per row (padded)
+    mask: torch.Tensor              # [num_rows, 1, 1, num_blocks * block_size] float (0 / -inf)
+
+
+@dataclass(frozen=True)
+class _PrefillChunk:
+    start: int
+    end: int
+    context_len: int
+    block_ids: torch.Tensor | None  # [blocks] int64; None when the chunk is the whole context
+    mask: torch.Tensor | None       # [query_len, context_len] float; None means plain causal
+
+
+@dataclass(frozen=True)
+class CpuAttentionPlan:
+    meta: AttentionMetadata
+    decodes: list[_DecodeBucket]
+    prefills: list[_PrefillChunk]
+
+
+def plan_cpu_attention(meta: AttentionMetadata) -> CpuAttentionPlan:
+    """Precompute gather indices and masks for one step (shared by all layers)."""
+    bs = meta.block_size
+    decodes: list[_DecodeBucket] = []
+    i = 0
+    while i < meta.num_decodes:
+        first_blocks = _blocks_for(meta.seq_lens[i], bs)
+        j = i + 1
+        while j < meta.num_decodes and _blocks_for(meta.seq_lens[j], bs) <= max(
+                first_blocks * BUCKET_GROWTH, first_blocks + 1):
+            j += 1
+        num_blocks = _blocks_for(meta.seq_lens[j - 1], bs)
+        lens = torch.tensor(meta.seq_lens[i:j])
+        keep = torch.arange(num_blocks * bs)[None, :] < lens[:, None]
+        mask = torch.zeros(keep.shape).masked_fill_(~keep, float("-inf"))
+        decodes.append(_DecodeBucket(i, j, meta.block_tables[i:j, :num_blocks].reshape(-1),
+                                     num_blocks, mask.view(j - i, 1, 1, -1)))
+        i = j
+    prefills: list[_PrefillChunk] = []
+    row = meta.num_decodes
+    for s in range(meta.num_decodes, len(meta.seq_lens)):
+        q_len, ctx = meta.query_lens[s], meta.seq_lens[s]
+        if q_len == ctx:
+            prefills.append(_PrefillChunk(row, row + q_len, ctx, None, None))
+        else:
+            keep = torch.ones(q_len, ctx, dtype=torch.bool).tril(ctx - q_len)
+            mask = torch.zeros(q_len, ctx).masked_fill_(~keep, float("-inf"))
+            prefills.append(_PrefillChunk(row, row + q_len, ctx,
+                                          meta.block_tables[s, :_blocks_for(ctx, bs)], mask))
+        row += q_len
+    return CpuAttentionPlan(meta, decodes, prefills)
+
+
+def cpu_paged_attention(
+    q: torch.Tensor,        # [num_tokens, num_heads, head_dim]
+    k: torch.Tensor,        # [num_tokens, num_kv_heads, head_dim]
+    v: torch.Tensor,        # [num_tokens, num_kv_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    plan: CpuAttentionPlan,
+    scale: float,
+) -> torch.Tensor:          # [num_tokens, num_heads, head_dim]
+    """Store the new K/V by slot, then attend every query row over its context."""
+    num_kv_heads, head_dim = k.shape[1], k.shape[2]
+    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, plan.meta.slot_mapping, k)
+    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, plan.meta.slot_mapping, v)
+    out = torch.empty_like(q)
+    bs = plan.meta.block_size
+    for b in plan.decodes:
+        rows = b.end - b.start
+        shape = (rows, b.num_blocks * bs, num_kv_heads, head_dim)
+        kk = k_cache.index_select(0, b.block_ids).view(shape).transpose(1, 2)
+        vv = v_cache.index_select(0, b.block_ids).view(shape).transpose(1, 2)
+        qq = q[b.start:b.end].unsqueeze(2)  # [rows, heads, 1, head_dim]
+        o = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=b.mask, scale=scale, enable_gqa=True)
+        out[b.start:b.end] = o.squeeze(2)
+    for p in plan.prefills:
+        qq = q[p.start:p.end].transpose(0, 1).unsqueeze(0)  # [1, heads, q_len, head_dim]
+        if p.block_ids is None:
+            kk = k[p.start:p.end].transpose(0, 1).unsqueeze(0)
+            vv = v[p.start:p.end].transpose(0, 1).unsqueeze(0)
+            o = F.scaled_dot_product_attention(qq, kk, vv, is_causal=True, scale=scale, enable_gqa=True)
+        else:
+            ctx = p.context_len
+            kk = k_cache.index_select(0, p.block_ids).view(-1, num_kv_heads, head_dim)[:ctx]
+            vv = v_cache.index_select(0, p.block_ids).view(-1, num_kv_heads, head_dim)[:ctx]
+            o = F.scaled_dot_product_attention(qq, kk.transpose(0, 1).unsqueeze(0),
+                                               vv.transpose(0, 1).unsqueeze(0),
+                                               attn_mask=p.mask, scale=scale, enable_gqa=True)
+        out[p.start:p.end] = o.squeeze(0).transpose(0, 1)
+    return out
+
+
+def _blocks_for(num_tokens: int, block_size: int) -> int:
+    return -(-num_tokens // block_size)

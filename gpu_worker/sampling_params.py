@@ -1,0 +1,99 @@
+"""Per-request sampling parameters and their validation."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from gpu_worker.errors import InvalidRequestError
+
+MAX_STOP_STRINGS = 16
+MAX_STOP_STRING_CHARS = 256
+MAX_STOP_TOKEN_IDS = 64
+MAX_LOGPROBS = 20
+
+
+@dataclass(frozen=True, kw_only=True)
+class SamplingParams:
+    """How one request samples. ``temperature == 0`` means greedy.
+
+    ``logprobs=None`` returns no logprobs; ``0`` the sampled token's; ``n`` that plus the
+    top ``n``. Logprobs are of the model's raw distribution (before temperature and
+    penalties). ``seed`` makes sampling a pure function of (seed, position), so the same
+    seed gives the same output whatever else is batched, and after preemption.
+    """
+
+    max_tokens: int = 16
+    min_tokens: int = 0
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    stop: tuple[str, ...] = field(default=())
+    stop_token_ids: tuple[int, ...] = field(default=())
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    speculative: bool = True
+
+    def __post_init__(self) -> None:
+        # Accept lists from callers; store tuples so the object stays hashable and frozen.
+        object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def needs_penalties(self) -> bool:
+        return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0
+                or self.frequency_penalty != 0.0)
+
+    def validate(self, vocab_size: int) -> None:
+        """Raise :class:`InvalidRequestError` if any field is out of range."""
+        _check(isinstance(self.max_tokens, int) and self.max_tokens >= 1,
+               "invalid_max_tokens", f"max_tokens must be >= 1, got {self.max_tokens!r}")
+        _check(isinstance(self.min_tokens, int) and 0 <= self.min_tokens <= self.max_tokens,
+               "invalid_min_tokens", f"min_tokens must be in [0, max_tokens], got {self.min_tokens!r}")
+        _check(_finite(self.temperature) and self.temperature >= 0.0,
+               "invalid_temperature", f"temperature must be >= 0, got {self.temperature!r}")
+        _check(isinstance(self.top_k, int) and self.top_k >= 0,
+               "invalid_top_k", f"top_k must be >= 0 (0 disables), got {self.top_k!r}")
+        _check(_finite(self.top_p) and 0.0 < self.top_p <= 1.0,
+               "invalid_top_p", f"top_p must be in (0, 1], got {self.top_p!r}")
+        _check(_finite(self.min_p) and 0.0 <= self.min_p <= 1.0,
+               "invalid_min_p", f"min_p must be in [0, 1], got {self.min_p!r}")
+        _check(_finite(self.repetition_penalty) and self.repetition_penalty > 0.0,
+               "invalid_repetition_penalty",
+               f"repetition_penalty must be > 0, got {self.repetition_penalty!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            _check(_finite(value) and -2.0 <= value <= 2.0,
+                   f"invalid_{name}", f"{name} must be in [-2, 2], got {value!r}")
+        _check(self.seed is None or (isinstance(self.seed, int) and 0 <= self.seed < 2**63),
+               "invalid_seed", f"seed must be a non-negative 63-bit integer, got {self.seed!r}")
+        _check(len(self.stop) <= MAX_STOP_STRINGS, "too_many_stop_strings",
+               f"at most {MAX_STOP_STRINGS} stop strings, got {len(self.stop)}")
+        for s in self.stop:
+            _check(isinstance(s, str) and 0 < len(s) <= MAX_STOP_STRING_CHARS, "invalid_stop",
+                   f"each stop string must have 1..{MAX_STOP_STRING_CHARS} characters")
+        _check(len(self.stop_token_ids) <= MAX_STOP_TOKEN_IDS, "too_many_stop_token_ids",
+               f"at most {MAX_STOP_TOKEN_IDS} stop token ids, got {len(self.stop_token_ids)}")
+        for t in self.stop_token_ids:
+            _check(isinstance(t, int) and 0 <= t < vocab_size, "invalid_stop_token_id",
+                   f"stop token id {t!r} is outside the vocabulary [0, {vocab_size})")
+        _check(self.logprobs is None or (isinstance(self.logprobs, int)
+                                         and 0 <= self.logprobs <= MAX_LOGPROBS),
+               "invalid_logprobs", f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
+
+
+def _finite(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _check(ok: bool, code: str, message: str) -> None:
+    if not ok:
+        raise InvalidRequestError(code, message)
