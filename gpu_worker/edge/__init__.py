@@ -1,0 +1,1 @@
+"""The Redis edge of a worker: intake, leases, fencing, progress, results, drain."""

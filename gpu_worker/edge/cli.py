@@ -1,0 +1,78 @@
+"""``fleet worker``: serve one model's request streams from Redis until SIGTERM."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+
+from gpu_worker.edge.options import WorkerOptions
+
+logger = logging.getLogger(__name__)
+
+
+def default_redis_url() -> str:
+    return os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("engine")
+    g.add_argument("--model", default=None,
+                   help="HF model dir or .gguf (default: the embedded SmolLM2-135M-Instruct)")
+    g.add_argument("--kv-cache-memory", default=None,
+                   help="bytes for the KV cache, e.g. 512MiB (default: a share of free memory)")
+    g.add_argument("--max-num-seqs", type=int, default=64)
+    g.add_argument("--max-num-batched-tokens", type=int, default=512)
+    g.add_argument("--block-size", type=int, default=16)
+    g.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_engine_arguments(parser)
+    d = WorkerOptions(worker_id="x")
+    g = parser.add_argument_group("redis")
+    g.add_argument("--redis-url", default=default_redis_url(),
+                   help="redis:// or rediss:// URL, ACL user in it (default: $REDIS_URL)")
+    g.add_argument("--model-name", default=d.model_name, help="stream namespace served")
+    g.add_argument("--worker-id", default=None, help="consumer name (default: host-pid-random)")
+    g.add_argument("--lanes", default=",".join(d.lanes), help="lanes, highest priority first")
+    g.add_argument("--local-queue", type=int, default=d.local_queue)
+    g.add_argument("--block-ms", type=int, default=d.block_ms)
+    g.add_argument("--claim-idle-ms", type=int, default=d.claim_idle_ms)
+    g.add_argument("--max-deliveries", type=int, default=d.max_deliveries)
+    g.add_argument("--result-ttl-s", type=int, default=d.result_ttl_s)
+    g.add_argument("--drain-grace-s", type=float, default=d.drain_grace_s)
+    g.add_argument("--heartbeat-s", type=float, default=d.heartbeat_s)
+
+
+def engine_config(args: argparse.Namespace):
+    from gpu_worker.config import EngineConfig, parse_bytes
+
+    kv = None if args.kv_cache_memory is None else parse_bytes(str(args.kv_cache_memory))
+    return EngineConfig(model=args.model, kv_cache_memory=kv, max_num_seqs=args.max_num_seqs,
+                        max_num_batched_tokens=args.max_num_batched_tokens,
+                        block_size=args.block_size, num_threads=args.threads)
+
+
+def worker_options(args: argparse.Namespace) -> WorkerOptions:
+    extra = {} if args.worker_id is None else {"worker_id": args.worker_id}
+    return WorkerOptions(
+        redis_url=args.redis_url, model_name=args.model_name,
+        lanes=tuple(x for x in args.lanes.split(",") if x), local_queue=args.local_queue,
+        block_ms=args.block_ms, claim_idle_ms=args.claim_idle_ms,
+        max_deliveries=args.max_deliveries, result_ttl_s=args.result_ttl_s,
+        drain_grace_s=args.drain_grace_s, heartbeat_s=args.heartbeat_s, **extra)
+
+
+def run(args: argparse.Namespace) -> int:
+    from gpu_worker.edge.worker import Worker
+    from gpu_worker.engine import EngineCore
+
+    options = worker_options(args)
+    engine = EngineCore(engine_config(args))
+    worker = Worker(engine, options)
+    try:
+        import uvloop
+    except ImportError:  # uvloop is optional on platforms without it
+        return asyncio.run(worker.run())
+    return uvloop.run(worker.run())

@@ -1,0 +1,185 @@
+"""The engine thread: the only caller of :class:`EngineCore`.
+
+The asyncio side hands it work through a thread-safe inbox (:meth:`EngineThread.submit`,
+:meth:`abort`, :meth:`release_queued`); it drains the inbox before every step, keeps the
+small local queue of requests read from Redis but not yet admitted by free KV blocks, and
+reports every step's deltas plus a snapshot of its load through ``on_output``.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from gpu_worker.errors import InvalidRequestError
+from gpu_worker.outputs import RequestDelta
+from gpu_worker.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+_IDLE_WAIT_S = 0.05
+
+
+@dataclass(frozen=True, kw_only=True)
+class Job:
+    """One request for the engine. ``key`` is the engine's request id (tenant/request id)."""
+
+    key: str
+    prompt: str | None
+    messages: list[dict] | None
+    prompt_token_ids: list[int] | None
+    params: SamplingParams
+    priority: int
+    resume_token_ids: list[int]
+    deadline: float | None
+
+
+@dataclass(kw_only=True)
+class StepReport:
+    """What one pass of the engine thread produced, for the IO side."""
+
+    deltas: list[RequestDelta] = field(default_factory=list)
+    failures: list[tuple[str, str, str]] = field(default_factory=list)  # key, code, message
+    admitted: list[str] = field(default_factory=list)
+    released: list[str] = field(default_factory=list)
+    stats: dict = field(default_factory=dict)
+    num_queued: int = 0  # the local queue: read from Redis, not yet admitted
+    step_time: float = 0.0
+
+
+@dataclass
+class _Queued:
+    job: Job
+    prompt_ids: list[int]
+
+
+class EngineThread:
+    """Runs ``engine.step()`` in one dedicated thread; everything else talks to it by messages."""
+
+    def __init__(self, engine, *, on_output: Callable[[StepReport], None]) -> None:
+        self.engine = engine
+        self._on_output = on_output
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._queued: list[_Queued] = []  # ordered by (priority, arrival)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
+        self.error: BaseException | None = None
+
+    # -- called from any thread ---------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        self._inbox.put(("wake", None))
+        self._thread.join(timeout)
+
+    def submit(self, job: Job) -> None:
+        self._inbox.put(("add", job))
+
+    def abort(self, key: str, reason: str) -> None:
+        self._inbox.put(("abort", (key, reason)))
+
+    def release_queued(self) -> None:
+        """Give up every request not yet admitted (draining); reported as ``released``."""
+        self._inbox.put(("release", None))
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    # -- the thread -----------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self._one_pass()
+        except BaseException as exc:  # the engine is broken: the worker must stop
+            logger.exception("engine thread failed")
+            self.error = exc
+            self._on_output(StepReport())
+
+    def _one_pass(self) -> None:
+        report = StepReport()
+        busy = self.engine.has_unfinished_requests() or bool(self._queued)
+        self._drain_inbox(report, block=not busy)
+        self._admit(report)
+        if self.engine.has_unfinished_requests():
+            t0 = time.perf_counter()
+            report.deltas = self.engine.step()
+            report.step_time = time.perf_counter() - t0
+        report.stats = self.engine.stats()
+        report.num_queued = len(self._queued)
+        if report.deltas or report.failures or report.admitted or report.released or busy:
+            self._on_output(report)
+
+    def _drain_inbox(self, report: StepReport, *, block: bool) -> None:
+        try:
+            item = self._inbox.get(timeout=_IDLE_WAIT_S) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            kind, payload = item
+            if kind == "add":
+                self._enqueue(payload, report)
+            elif kind == "abort":
+                self._abort(*payload, report)
+            elif kind == "release":
+                report.released.extend(q.job.key for q in self._queued)
+                self._queued.clear()
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _enqueue(self, job: Job, report: StepReport) -> None:
+        try:
+            prompt_ids = self._tokenize(job)
+        except InvalidRequestError as exc:
+            report.failures.append((job.key, exc.code, exc.message))
+            return
+        entry = _Queued(job, prompt_ids)
+        pos = len(self._queued)
+        while pos > 0 and self._queued[pos - 1].job.priority > job.priority:
+            pos -= 1
+        self._queued.insert(pos, entry)
+
+    def _tokenize(self, job: Job) -> list[int]:
+        tok = self.engine.tokenizer
+        if job.prompt_token_ids is not None:
+            return list(job.prompt_token_ids)
+        if job.messages is not None:
+            return tok.apply_chat_template(job.messages)
+        return tok.encode(job.prompt or "")
+
+    def _abort(self, key: str, reason: str, report: StepReport) -> None:
+        for i, q in enumerate(self._queued):
+            if q.job.key == key:
+                del self._queued[i]
+                report.deltas.append(RequestDelta(request_id=key, new_token_ids=[], new_text="",
+                                                  finished=True, finish_reason=reason,
+                                                  num_output_tokens=len(q.job.resume_token_ids)))
+                return
+        self.engine.abort_request(key, reason)
+
+    def _admit(self, report: StepReport) -> None:
+        """Admit queued requests, highest lane first, while free KV blocks allow."""
+        while self._queued:
+            q = self._queued[0]
+            num_resumed = len(q.job.resume_token_ids)
+            fits = self.engine.can_admit(len(q.prompt_ids) + num_resumed,
+                                         q.job.params.max_tokens - num_resumed)
+            if not fits and self.engine.has_unfinished_requests():
+                return  # the head waits for blocks; nothing behind it jumps the lane order
+            self._queued.pop(0)
+            try:
+                self.engine.add_request(q.job.key, q.prompt_ids, q.job.params,
+                                        priority=q.job.priority,
+                                        resume_token_ids=q.job.resume_token_ids,
+                                        deadline=q.job.deadline)
+            except InvalidRequestError as exc:
+                report.failures.append((q.job.key, exc.code, exc.message))
+                continue
+            report.admitted.append(q.job.key)

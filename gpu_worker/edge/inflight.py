@@ -1,0 +1,136 @@
+"""One request a worker holds, and the events it turns engine deltas into."""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from gpu_worker.edge.engine_loop import Job
+from gpu_worker.outputs import RequestDelta
+from gpu_worker.sampling_params import SamplingParams
+from shared import codec, errors, keys
+from shared.protocol import Failure, Request, Result, Timings, Token, TokenLogprob, Usage
+
+logger = logging.getLogger(__name__)
+
+LANE_PRIORITY = {lane: rank for rank, lane in enumerate(keys.LANES)}  # lower runs first
+RESULT_REASONS = ("stop", "length", "cancelled", "timeout")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Entry:
+    """A stream entry as read (or reclaimed) from Redis."""
+
+    stream: str
+    lane: str
+    entry_id: str
+    fields: dict
+    deliveries: int = 1
+
+
+@dataclass(kw_only=True)
+class Inflight:
+    """A request this worker owns: begun in Redis, queued in or running on the engine."""
+
+    request: Request
+    entry: Entry
+    owner: str  # the fencing token from BEGIN
+    prior_token_ids: list[int]  # delivered by earlier workers (resume)
+    prior_text: str
+    first_start: float
+    first_token_at: float | None
+    token_ids: list[int] = field(default_factory=list)  # generated here
+    text_parts: list[str] = field(default_factory=list)
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+    handoff: bool = False  # draining: give back instead of finishing
+
+    @property
+    def key(self) -> str:
+        return engine_key(self.request.tenant, self.request.request_id)
+
+    @property
+    def redis_keys(self) -> list[str]:
+        return keys.request_keys(self.request.tenant, self.request.request_id)
+
+    def job(self) -> Job:
+        r = self.request
+        params = SamplingParams(
+            max_tokens=r.max_tokens, min_tokens=r.min_tokens, temperature=r.temperature,
+            top_k=r.top_k, top_p=r.top_p, min_p=r.min_p, repetition_penalty=r.repetition_penalty,
+            presence_penalty=r.presence_penalty, frequency_penalty=r.frequency_penalty,
+            seed=r.seed, stop=tuple(r.stop), stop_token_ids=tuple(r.stop_token_ids),
+            ignore_eos=r.ignore_eos, logprobs=r.logprobs, speculative=r.speculative)
+        messages = None if r.messages is None else [{"role": m.role, "content": m.content}
+                                                    for m in r.messages]
+        return Job(key=self.key, prompt=r.prompt, messages=messages,
+                   prompt_token_ids=r.prompt_token_ids, params=params,
+                   priority=LANE_PRIORITY[self.entry.lane],
+                   resume_token_ids=list(self.prior_token_ids), deadline=r.deadline)
+
+    def token_event(self, delta: RequestDelta) -> Token | None:
+        """The event for this step's new tokens (None if there are none); records them."""
+        self.num_prompt_tokens = delta.num_prompt_tokens or self.num_prompt_tokens
+        self.num_cached_tokens = delta.num_cached_tokens or self.num_cached_tokens
+        if not delta.new_token_ids:
+            if delta.new_text:  # text released at the end (held back for a stop string)
+                self.text_parts.append(delta.new_text)
+            return None
+        seq = delta.num_output_tokens - len(delta.new_token_ids)
+        assert seq == len(self.prior_token_ids) + len(self.token_ids), "token sequence broken"
+        self.token_ids.extend(delta.new_token_ids)
+        self.text_parts.append(delta.new_text)
+        logprobs = None
+        if delta.logprobs is not None:
+            logprobs = [TokenLogprob(token_id=lp.token_id, logprob=lp.logprob,
+                                     top=[tuple(t) for t in lp.top]) for lp in delta.logprobs]
+        return Token(request_id=self.request.request_id, seq=seq,
+                     token_ids=list(delta.new_token_ids), text=delta.new_text, logprobs=logprobs)
+
+    def terminal_event(self, delta: RequestDelta, worker_id: str) -> Result | Failure:
+        if delta.finish_reason not in RESULT_REASONS:
+            return self.failure(delta.error_code or errors.INTERNAL,
+                                delta.error_message or f"finished with {delta.finish_reason}")
+        now = time.time()
+        submitted = self.request.submitted_at
+        timings = Timings(
+            queued_s=None if submitted is None else max(self.first_start - submitted, 0.0),
+            ttft_s=None if self.first_token_at is None else self.first_token_at - self.first_start,
+            total_s=now - (submitted if submitted is not None else self.first_start))
+        all_ids = self.prior_token_ids + self.token_ids
+        return Result(request_id=self.request.request_id, finish_reason=delta.finish_reason,
+                      stop_reason=delta.stop_reason, text=self.prior_text + "".join(self.text_parts),
+                      token_ids=all_ids,
+                      usage=Usage(prompt_tokens=self.num_prompt_tokens,
+                                  completion_tokens=len(all_ids),
+                                  cached_tokens=self.num_cached_tokens),
+                      timings=timings, worker_id=worker_id,
+                      num_resumes=1 if self.prior_token_ids else 0)
+
+    def failure(self, code: str, message: str) -> Failure:
+        return Failure(request_id=self.request.request_id, code=code, message=message)
+
+
+def engine_key(tenant: str, request_id: str) -> str:
+    return f"{tenant}/{request_id}"
+
+
+def resume_state(events: list[bytes]) -> tuple[list[int], str]:
+    """The tokens and text already delivered, from the stored progress list.
+
+    Events tile ``[0, n)`` by ``seq``; a copy appended twice (a retried write) is skipped.
+    """
+    token_ids: list[int] = []
+    text: list[str] = []
+    for raw in events:
+        event = codec.decode_token(raw)
+        end = event.seq + len(event.token_ids)
+        if end <= len(token_ids):
+            continue
+        if event.seq != len(token_ids):
+            logger.error("progress of %s has a gap at %d; resuming from there",
+                         event.request_id, len(token_ids))
+            break
+        token_ids.extend(event.token_ids)
+        text.append(event.text)
+    return token_ids, "".join(text)

@@ -1,0 +1,109 @@
+"""The worker's Redis connection: pipelines of scripts, group setup, version checks."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+
+import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from gpu_worker.edge import scripts
+from shared import keys
+
+logger = logging.getLogger(__name__)
+
+# What a lost or restarting server raises; the worker backs off and retries on these.
+TRANSIENT = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError)
+MIN_VERSION = (6, 2)  # XAUTOCLAIM; 7.0 adds XINFO lag and sharded pub/sub
+
+
+def is_nogroup(exc: BaseException) -> bool:
+    return isinstance(exc, ResponseError) and "NOGROUP" in str(exc)
+
+
+def is_loading(exc: BaseException) -> bool:
+    return isinstance(exc, ResponseError) and "LOADING" in str(exc)
+
+
+class Backoff:
+    """Exponential backoff with jitter, so a fleet does not reconnect in lockstep."""
+
+    def __init__(self, base_s: float = 0.05, cap_s: float = 5.0) -> None:
+        self.base_s, self.cap_s, self._n = base_s, cap_s, 0
+
+    async def sleep(self) -> None:
+        delay = min(self.cap_s, self.base_s * 2 ** self._n) * random.uniform(0.5, 1.0)
+        self._n = min(self._n + 1, 16)
+        await asyncio.sleep(delay)
+
+    def reset(self) -> None:
+        self._n = 0
+
+
+class RedisIO:
+    """One client (a connection pool) plus what the worker derives from the server."""
+
+    def __init__(self, url: str) -> None:
+        self.client = aioredis.from_url(url, decode_responses=False, socket_keepalive=True,
+                                        health_check_interval=30)
+        self.publish_command = "PUBLISH"
+        self.version: tuple[int, ...] = (0,)
+
+    async def detect(self) -> None:
+        """Read the server version; use sharded pub/sub where the server is a cluster."""
+        info = await self.client.info("server")
+        self.version = tuple(int(x) for x in str(info["redis_version"]).split(".")[:2])
+        if self.version < MIN_VERSION:
+            raise RuntimeError(f"Redis {info['redis_version']} is too old; need >= 6.2")
+        cluster = (await self.client.info("cluster")).get("cluster_enabled") == 1
+        self.publish_command = "SPUBLISH" if cluster and self.version >= (7, 0) else "PUBLISH"
+        await self.load_scripts()
+
+    async def load_scripts(self) -> None:
+        for script in scripts.ALL.values():
+            await self.client.script_load(script.source)
+
+    async def ensure_groups(self, streams: list[str]) -> None:
+        """Create the group of every stream from id 0 (never ``$``: entries added while the
+        group was missing are work too), creating the stream if needed."""
+        for stream in streams:
+            try:
+                await self.client.xgroup_create(stream, keys.GROUP, id="0", mkstream=True)
+                logger.info("created consumer group %s on %s", keys.GROUP, stream)
+            except ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
+
+    async def run(self, calls: list[tuple]) -> list:
+        """Run ``calls`` in one pipelined round-trip; results in order, errors as values.
+
+        A call is ``("script", name, keys, args)`` or a raw command tuple. If the server lost
+        its script cache (restart), the scripts are loaded and the pipeline is run again.
+        """
+        for attempt in (0, 1):
+            pipe = self.client.pipeline(transaction=False)
+            for call in calls:
+                if call[0] == "script":
+                    _, name, script_keys, args = call
+                    pipe.evalsha(scripts.SHAS[name], len(script_keys), *script_keys, *args)
+                else:
+                    pipe.execute_command(*call)
+            results = await pipe.execute(raise_on_error=False)
+            if attempt == 0 and any(isinstance(r, NoScriptError) for r in results):
+                await self.load_scripts()
+                continue
+            return results
+        return results
+
+    async def script(self, name: str, script_keys: list[str], args: list) -> object:
+        """One script call; raises what it raises."""
+        (result,) = await self.run([("script", name, script_keys, args)])
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    async def close(self) -> None:
+        await self.client.aclose()

@@ -1,0 +1,129 @@
+"""The Lua scripts that make the worker's Redis writes atomic and owner-checked.
+
+Per-request scripts take ``shared.keys.request_keys(...)`` as KEYS (state, progress,
+cancel, channel: one hash tag, one cluster slot; the channel is declared as a key so
+SPUBLISH works on a cluster). The owner token ``<worker>#<fence>`` written by ``BEGIN`` is
+the fencing token: every later write checks it, so a worker that was paused and lost the
+request to another worker can no longer publish into it or finish it.
+
+Stream scripts take the stream as their only key and check the pending entry's consumer
+before touching it, because XCLAIM and XACK themselves do not.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+# KEYS: state, progress, cancel, channel. ARGV: worker_id, entry_ref, ttl_ms, now.
+# -> {'done'} | {'duplicate'} | {'ok', owner, cancelled, first_start, first_token_at, progress...}
+BEGIN = """
+local status = redis.call('HGET', KEYS[1], 'status')
+if status == 'done' then return {'done'} end
+local entry = redis.call('HGET', KEYS[1], 'entry')
+if entry and entry ~= ARGV[2] then return {'duplicate'} end
+local fence = redis.call('HINCRBY', KEYS[1], 'fence', 1)
+local owner = ARGV[1] .. '#' .. fence
+redis.call('HSET', KEYS[1], 'owner', owner, 'entry', ARGV[2], 'status', 'running')
+redis.call('HSETNX', KEYS[1], 'first_start', ARGV[4])
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+local first_start = redis.call('HGET', KEYS[1], 'first_start')
+local first_token = redis.call('HGET', KEYS[1], 'first_token_at') or ''
+local reply = {'ok', owner, tostring(redis.call('EXISTS', KEYS[3])), first_start, first_token}
+for _, event in ipairs(redis.call('LRANGE', KEYS[2], 0, -1)) do table.insert(reply, event) end
+return reply
+"""
+
+# KEYS: state, progress, cancel, channel. ARGV: owner, ttl_ms, publish command, event JSON,
+# first-token time or ''. -> 0 fenced (not the owner) | 1 ok | 2 ok, and cancel was asked.
+PUBLISH = """
+if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then return 0 end
+redis.call('RPUSH', KEYS[2], ARGV[4])
+redis.call(ARGV[3], KEYS[4], ARGV[4])
+if ARGV[5] ~= '' then redis.call('HSETNX', KEYS[1], 'first_token_at', ARGV[5]) end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('PEXPIRE', KEYS[2], ARGV[2])
+if redis.call('EXISTS', KEYS[3]) == 1 then return 2 end
+return 1
+"""
+
+# KEYS: state, progress, cancel, channel. ARGV: owner, ttl_ms, publish command, terminal JSON.
+# Stores the result durably, then publishes it. -> 0 fenced | 1 stored.
+FINISH = """
+if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'status', 'done', 'result', ARGV[4])
+redis.call('HDEL', KEYS[1], 'owner')
+redis.call(ARGV[3], KEYS[4], ARGV[4])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+if redis.call('EXISTS', KEYS[2]) == 1 then redis.call('PEXPIRE', KEYS[2], ARGV[2]) end
+redis.call('DEL', KEYS[3])
+return 1
+"""
+
+_OWNED = """
+local function owned(id)
+  local p = redis.call('XPENDING', KEYS[1], ARGV[1], id, id, 1)
+  if p[1] and p[1][2] == ARGV[2] then return p[1] end
+  return nil
+end
+"""
+
+# KEYS: stream. ARGV: group, consumer, ids... Resets the idle time of the entries this
+# consumer still owns (so XAUTOCLAIM leaves them alone). -> the ids it no longer owns.
+RENEW = _OWNED + """
+local lost = {}
+for i = 3, #ARGV do
+  if owned(ARGV[i]) then
+    redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[i], 'JUSTID')
+  else
+    table.insert(lost, ARGV[i])
+  end
+end
+return lost
+"""
+
+# KEYS: stream. ARGV: group, consumer, ids... Acknowledges and deletes the entries this
+# consumer owns (served work only: nothing unacknowledged is ever removed). -> count.
+ACK = _OWNED + """
+local n = 0
+for i = 3, #ARGV do
+  if owned(ARGV[i]) then
+    redis.call('XACK', KEYS[1], ARGV[1], ARGV[i])
+    redis.call('XDEL', KEYS[1], ARGV[i])
+    n = n + 1
+  end
+end
+return n
+"""
+
+# KEYS: stream. ARGV: group, consumer, handoff consumer, idle_ms, ids... Gives owned
+# entries back: moves them to the handoff consumer already idle past the claim threshold
+# (claimable at once) without counting this delivery. -> count.
+HANDOFF = _OWNED + """
+local n = 0
+for i = 5, #ARGV do
+  local p = owned(ARGV[i])
+  if p then
+    local retries = math.max(tonumber(p[4]) - 1, 0)
+    redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[3], 0, ARGV[i], 'IDLE', ARGV[4],
+               'RETRYCOUNT', retries, 'JUSTID')
+    n = n + 1
+  end
+end
+return n
+"""
+
+
+@dataclass(frozen=True)
+class Script:
+    name: str
+    source: str
+
+    @property
+    def sha(self) -> str:
+        return hashlib.sha1(self.source.encode()).hexdigest()
+
+
+ALL = {name: Script(name, src) for name, src in
+       {"begin": BEGIN, "publish": PUBLISH, "finish": FINISH, "renew": RENEW, "ack": ACK,
+        "handoff": HANDOFF}.items()}
+SHAS = {name: s.sha for name, s in ALL.items()}

@@ -1,0 +1,120 @@
+"""The asyncio client.
+
+    async with AsyncFleetClient("redis://localhost:6379/0") as fleet:
+        stream = await fleet.submit(messages=[{"role": "user", "content": "Hi"}], max_tokens=32)
+        async for token in stream:
+            print(token.text, end="")
+        result = await stream.result()
+"""
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from typing import Any
+
+import msgspec
+import redis.asyncio as aioredis
+
+from producer.stream import RequestStream
+from producer.subscriptions import Subscriptions
+from shared import codec, keys
+from shared.protocol import Cancel, Failure, Request, Result, Token
+
+
+def default_redis_url() -> str:
+    return os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+class AsyncFleetClient:
+    """Submits to one model's streams. ``tenant`` is the default for requests and lookups.
+
+    poll_s: how long a stream waits in silence before reading the stored state (covers
+    lost pub/sub messages); batch pipelines with many requests in flight use a larger one.
+    """
+
+    def __init__(self, redis_url: str | None = None, *, model: str = "default",
+                 tenant: str = "default", poll_s: float = 2.0) -> None:
+        self.model = keys.check_model(model)
+        self.tenant = tenant
+        self.poll_s = poll_s
+        self.redis = aioredis.from_url(redis_url or default_redis_url(), decode_responses=False)
+        self._subs: Subscriptions | None = None
+
+    async def __aenter__(self) -> "AsyncFleetClient":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._subs is not None:
+            await self._subs.close()
+        await self.redis.aclose()
+
+    async def _subscriptions(self) -> Subscriptions:
+        if self._subs is None:
+            info = await self.redis.info("cluster")
+            self._subs = Subscriptions(self.redis, sharded=info.get("cluster_enabled") == 1)
+        return self._subs
+
+    def make_request(self, request: Request | None = None, **fields: Any) -> Request:
+        """A :class:`Request` from fields (a fresh id and this client's tenant by default)."""
+        if request is not None:
+            return request
+        fields.setdefault("request_id", uuid.uuid4().hex)
+        fields.setdefault("tenant", self.tenant)
+        fields.setdefault("submitted_at", time.time())
+        return msgspec.convert(fields, Request)
+
+    async def submit(self, request: Request | None = None, **fields: Any) -> RequestStream:
+        """Subscribe to the request's channel, then enqueue it; return its stream.
+
+        Idempotent by ``request_id``: a request already done is not enqueued again (its
+        stored result is returned), and a duplicate entry is never generated twice.
+        """
+        request = self.make_request(request, **fields)
+        tenant, rid = request.tenant, request.request_id
+        subs = await self._subscriptions()
+        channel = keys.channel(tenant, rid)
+        queue = await subs.subscribe(channel)
+        stream = RequestStream(self.redis, queue, tenant=tenant, request_id=rid,
+                               poll_s=self.poll_s, on_close=lambda s: subs.unsubscribe(channel))
+        if await self.redis.hexists(keys.state_key(tenant, rid), "result"):
+            await stream.recover()
+            return stream
+        await self.redis.xadd(keys.stream_key(self.model, request.priority),
+                              {keys.STREAM_FIELD: codec.encode(request)})
+        return stream
+
+    async def generate(self, request: Request | None = None, *, timeout: float | None = None,
+                       **fields: Any) -> Result:
+        """Submit and wait for the result; raises :class:`RequestFailed` on a failure."""
+        stream = await self.submit(request, **fields)
+        return await stream.result(timeout)
+
+    async def cancel(self, request_id: str, tenant: str | None = None,
+                     ttl_s: int = 24 * 3600) -> None:
+        """Cancel a queued or running request; it ends with finish reason ``cancelled``."""
+        tenant = tenant or self.tenant
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.set(keys.cancel_key(tenant, request_id), b"1", ex=ttl_s)
+        pipe.publish(keys.control_channel(self.model),
+                     codec.encode(Cancel(request_id=request_id, tenant=tenant)))
+        await pipe.execute()
+
+    async def get_result(self, request_id: str, tenant: str | None = None) -> Result | Failure | None:
+        """The stored terminal event, or None while the request has not ended."""
+        raw = await self.redis.hget(keys.state_key(tenant or self.tenant, request_id), "result")
+        return None if raw is None else codec.decode_terminal(raw)
+
+    async def get_progress(self, request_id: str, tenant: str | None = None) -> list[Token]:
+        """The stored token events, deduplicated, in order."""
+        raw = await self.redis.lrange(keys.progress_key(tenant or self.tenant, request_id), 0, -1)
+        events, seen = [], 0
+        for item in raw:
+            event = codec.decode_token(item)
+            if event.seq == seen:
+                events.append(event)
+                seen += len(event.token_ids)
+        return events

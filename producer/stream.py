@@ -1,0 +1,110 @@
+"""One submitted request as the client sees it: tokens in order, exactly once, then a result."""
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+
+import msgspec
+import redis.asyncio as aioredis
+
+from producer.errors import RequestFailed
+from producer.subscriptions import RECONNECTED
+from shared import codec, keys
+from shared.protocol import Failure, Result, Token
+
+logger = logging.getLogger(__name__)
+
+
+class RequestStream:
+    """``async for token in stream`` yields :class:`Token` events with no gap, repeat or
+    reordering (duplicates dropped by ``seq``; gaps filled from the stored progress); then
+    ``await stream.result()`` returns the :class:`Result` or raises :class:`RequestFailed`.
+
+    If nothing arrives for ``poll_s`` the stored progress and result are read, so a lost
+    final event or a lost subscription never hangs a client.
+    """
+
+    def __init__(self, client: aioredis.Redis, queue: asyncio.Queue, *, tenant: str,
+                 request_id: str, poll_s: float, on_close) -> None:
+        self.tenant = tenant
+        self.request_id = request_id
+        self.token_ids: list[int] = []
+        self.text = ""
+        self._client = client
+        self._queue = queue
+        self._poll_s = poll_s
+        self._on_close = on_close
+        self._terminal: Result | Failure | None = None
+        self._ready: list[Token] = []
+
+    def __aiter__(self) -> AsyncIterator[Token]:
+        return self._tokens()
+
+    async def _tokens(self) -> AsyncIterator[Token]:
+        try:
+            while True:
+                while self._ready:
+                    yield self._ready.pop(0)
+                if self._terminal is not None:
+                    return
+                await self._next_event()
+        finally:
+            if self._terminal is not None:
+                await self._on_close(self)
+
+    async def result(self, timeout: float | None = None) -> Result:
+        """Wait for the end (consuming any tokens not yet iterated)."""
+        async def drain() -> None:
+            async for _ in self:
+                pass
+        await asyncio.wait_for(drain(), timeout)
+        if isinstance(self._terminal, Failure):
+            raise RequestFailed(self._terminal)
+        assert isinstance(self._terminal, Result)
+        return self._terminal
+
+    @property
+    def next_seq(self) -> int:
+        return len(self.token_ids)
+
+    async def _next_event(self) -> None:
+        try:
+            raw = await asyncio.wait_for(self._queue.get(), self._poll_s)
+        except asyncio.TimeoutError:
+            await self.recover()
+            return
+        if raw is RECONNECTED:
+            await self.recover()
+            return
+        try:
+            event = codec.decode_event(raw)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            logger.warning("dropping an undecodable event on %s", self.request_id)
+            return
+        if isinstance(event, Token):
+            if event.seq > self.next_seq:  # a gap: the stored progress has what we missed
+                await self.recover()
+            self._take(event)
+        else:
+            if len(event.token_ids if isinstance(event, Result) else []) > self.next_seq:
+                await self.recover()
+            self._terminal = event
+
+    def _take(self, event: Token) -> None:
+        if event.seq != self.next_seq:
+            return  # already seen (or, after a failed recovery, still missing)
+        self.token_ids.extend(event.token_ids)
+        self.text += event.text
+        self._ready.append(event)
+
+    async def recover(self) -> None:
+        """Fill from the durable progress and result (what pub/sub may have dropped)."""
+        pipe = self._client.pipeline(transaction=False)
+        pipe.lrange(keys.progress_key(self.tenant, self.request_id), 0, -1)
+        pipe.hget(keys.state_key(self.tenant, self.request_id), "result")
+        progress, stored = await pipe.execute()
+        for raw in progress:
+            self._take(codec.decode_token(raw))
+        if stored is not None and self._terminal is None:
+            self._terminal = codec.decode_terminal(stored)

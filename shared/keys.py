@@ -1,0 +1,86 @@
+"""Every Redis key and channel name of the fleet, in one place.
+
+Streams and worker keys are per model (``model`` is the worker's ``--model-name``). The
+keys of one request are derived from its tenant and request id only -- a payload never
+picks where output goes -- and share one hash tag ``{tenant/request_id}``, so a request's
+scripts touch a single Redis Cluster slot.
+"""
+from __future__ import annotations
+
+import re
+
+from shared import limits as L
+
+PREFIX = "fleet"
+LANES = ("high", "default", "batch")  # served strictly in this order
+GROUP = "workers"  # the one consumer group of every request stream
+HANDOFF_CONSUMER = "handoff"  # holds entries a draining worker gave back
+STREAM_FIELD = "data"  # the stream-entry field that carries the request JSON
+
+_MODEL_RE = re.compile(L.MODEL_NAME_PATTERN)
+_ID_RE = re.compile(L.REQUEST_ID_PATTERN)
+_TENANT_RE = re.compile(L.TENANT_PATTERN)
+
+
+def check_model(model: str) -> str:
+    if not _MODEL_RE.match(model):
+        raise ValueError(f"invalid model name {model!r}")
+    return model
+
+
+def stream_key(model: str, lane: str) -> str:
+    """The request stream of one priority lane."""
+    if lane not in LANES:
+        raise ValueError(f"unknown lane {lane!r}; expected one of {LANES}")
+    return f"{PREFIX}:{check_model(model)}:requests:{lane}"
+
+
+def dead_letter_key(model: str) -> str:
+    return f"{PREFIX}:{check_model(model)}:dead"
+
+
+def control_channel(model: str) -> str:
+    """Broadcast channel to every worker of a model (cancel notices)."""
+    return f"{PREFIX}:{check_model(model)}:control"
+
+
+def workers_key(model: str) -> str:
+    """Sorted set: worker id -> last heartbeat (Unix seconds)."""
+    return f"{PREFIX}:{check_model(model)}:workers"
+
+
+def worker_key(model: str, worker_id: str) -> str:
+    """Hash with a TTL: one worker's status (running, waiting, KV usage, ...)."""
+    return f"{PREFIX}:{check_model(model)}:worker:{worker_id}"
+
+
+def request_tag(tenant: str, request_id: str) -> str:
+    if not _TENANT_RE.match(tenant) or not _ID_RE.match(request_id):
+        raise ValueError(f"invalid tenant/request id {tenant!r}/{request_id!r}")
+    return "{" + tenant + "/" + request_id + "}"
+
+
+def state_key(tenant: str, request_id: str) -> str:
+    """Hash: owner/fence/entry while running; ``result`` (terminal event JSON) when done."""
+    return f"{PREFIX}:req:{request_tag(tenant, request_id)}:state"
+
+
+def progress_key(tenant: str, request_id: str) -> str:
+    """List: every published :class:`~shared.protocol.Token` event JSON, in order."""
+    return f"{PREFIX}:req:{request_tag(tenant, request_id)}:progress"
+
+
+def cancel_key(tenant: str, request_id: str) -> str:
+    """String: present when the client asked to cancel."""
+    return f"{PREFIX}:req:{request_tag(tenant, request_id)}:cancel"
+
+
+def channel(tenant: str, request_id: str) -> str:
+    """Pub/sub channel of one request's events (sharded pub/sub on a cluster)."""
+    return f"{PREFIX}:req:{request_tag(tenant, request_id)}:events"
+
+
+def request_keys(tenant: str, request_id: str) -> list[str]:
+    """The KEYS of every per-request script, in the order the scripts expect."""
+    return [state_key(tenant, request_id), progress_key(tenant, request_id),
+            cancel_key(tenant, request_id), channel(tenant, request_id)]

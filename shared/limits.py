@@ -1,0 +1,28 @@
+"""Bounds enforced when a request is decoded, before any worker spends work on it.
+
+The engine applies its own, model-dependent bounds (``max_model_len``) afterwards.
+"""
+from __future__ import annotations
+
+PROTOCOL_VERSION = 1
+
+MAX_PAYLOAD_BYTES = 512 * 1024
+MAX_PROMPT_CHARS = 200_000
+MAX_PROMPT_TOKENS = 32_768
+MAX_MESSAGES = 256
+MAX_MESSAGE_CHARS = 100_000
+MAX_TOKENS = 16_384
+MAX_STOP_STRINGS = 16
+MAX_STOP_STRING_CHARS = 256
+MAX_STOP_TOKEN_IDS = 64
+MAX_LOGPROBS = 20
+MAX_METADATA_ITEMS = 32
+MAX_METADATA_KEY_CHARS = 64
+MAX_METADATA_VALUE_CHARS = 1024
+MAX_TOKEN_ID = 2**31 - 1
+
+# Ids become part of Redis key names, so they are restricted to a safe alphabet: no
+# braces (hash tags), no spaces, no glob characters.
+REQUEST_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$"
+TENANT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,63}$"
+MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,63}$"
