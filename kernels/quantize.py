@@ -1,0 +1,75 @@
+"""Weight-only quantization (offline, pure torch): INT8 per output channel, INT4 per group.
+
+These functions are both the production quantizers (run once at load time) and, through
+the dequantizers, the references the matmul kernels are tested against. All statistics
+are computed in float32; scales and minima are stored in float32.
+
+INT8: symmetric, w ~= q * scale[n], q in [-127, 127].
+INT4: asymmetric per group of `group_size` consecutive input features,
+      w ~= q * scales[n, g] + mins[n, g], q in [0, 15], two codes per byte along K
+      (the even k in the low nibble, the odd k in the high nibble).
+"""
+
+import torch
+
+INT4_MAX_CODE = 15
+
+
+def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [N, K] float -> (qweight [N, K] int8, scale [N] float32)."""
+    if w.dim() != 2 or not w.is_floating_point():
+        raise ValueError(f"w must be a 2-D float tensor, got {w.dtype} {tuple(w.shape)}")
+    wf = w.float()
+    # An all-zero row keeps scale > 0 so dequantization never divides by or yields NaN.
+    scale = (wf.abs().amax(dim=1) / 127.0).clamp_min(torch.finfo(torch.float32).tiny)
+    qweight = torch.round(wf / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+    return qweight, scale
+
+
+def dequantize_int8(qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """(qweight [N, K] int8, scale [N]) -> w [N, K] float32."""
+    return qweight.float() * scale.float()[:, None]
+
+
+def quantize_int4(w: torch.Tensor, group_size: int = 128) -> tuple[torch.Tensor, ...]:
+    """w [N, K] float -> (packed [N, K // 2] uint8, scales [N, K // group_size] float32,
+    mins [N, K // group_size] float32).
+
+    K must be a multiple of group_size (ValueError otherwise: padding K would change the
+    layer's shape, so pad the weight yourself if you must). group_size must be a power of
+    two >= 16, the granularity the matmul kernel tiles K with.
+    """
+    if w.dim() != 2 or not w.is_floating_point():
+        raise ValueError(f"w must be a 2-D float tensor, got {w.dtype} {tuple(w.shape)}")
+    if group_size < 16 or group_size & (group_size - 1):
+        raise ValueError(f"group_size must be a power of two >= 16, got {group_size}")
+    n, k = w.shape
+    if k % group_size:
+        raise ValueError(f"in_features {k} is not a multiple of group_size {group_size}")
+    groups = w.float().reshape(n, k // group_size, group_size)
+    mins = groups.amin(dim=-1)
+    # A constant group gets a tiny positive scale: every code is 0 and dequantizes to min.
+    scales = ((groups.amax(dim=-1) - mins) / INT4_MAX_CODE).clamp_min(torch.finfo(torch.float32).tiny)
+    codes = torch.round((groups - mins[..., None]) / scales[..., None]).clamp_(0, INT4_MAX_CODE)
+    codes = codes.to(torch.uint8).reshape(n, k)
+    packed = codes[:, 0::2] | (codes[:, 1::2] << 4)
+    return packed, scales, mins
+
+
+def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
+    """packed [N, K // 2] uint8 -> codes [N, K] uint8 in [0, 15]."""
+    low, high = packed & 0x0F, packed >> 4
+    return torch.stack([low, high], dim=-1).reshape(packed.shape[0], -1)
+
+
+def dequantize_int4(
+    packed: torch.Tensor,  # [N, K // 2] uint8
+    scales: torch.Tensor,  # [N, K // group_size]
+    mins: torch.Tensor,  # [N, K // group_size]
+    group_size: int,
+) -> torch.Tensor:  # [N, K] float32
+    codes = unpack_int4(packed).float()
+    n, k = codes.shape
+    groups = codes.reshape(n, k // group_size, group_size)
+    w = groups * scales.float()[..., None] + mins.float()[..., None]
+    return w.reshape(n, k)
