@@ -80,3 +80,14 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     env.setdefault("OMP_NUM_THREADS", "1")
     env.update(extra)
     return env
+
+
+def wait_until(predicate, timeout: float = 30, interval: float = 0.05, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(interval)
