@@ -1,0 +1,132 @@
+"""``fleet bench throughput``: this engine vs transformers, side by side in one process.
+
+(a) naive static batching: ``generate`` over padded batches of 8;
+(b) transformers' own continuous batching;
+(c) this engine;
+all on the same weights and the same seeded mixed-length workload, greedy, fixed output
+lengths. Also reports the machine's compute limit for the same work: the workload's model
+FLOPs divided by an fp32 matmul peak measured in the same run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+from gpu_worker.bench.baselines import hf_continuous, load_hf_model, matmul_peak_gflops, naive_static
+from gpu_worker.bench.workload import WorkItem, mixed_workload
+from gpu_worker.model.config import ModelConfig
+
+logger = logging.getLogger(__name__)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--requests", type=int, default=64)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--model", default=None, help="model dir or .gguf (default: embedded SmolLM2)")
+    p.add_argument("--json", type=Path, default=None, help="write the results here")
+    p.add_argument("--plot", type=Path, default=None, help="PNG plot (default: beside --json)")
+    p.add_argument("--skip-baselines", action="store_true", help="engine only (quick look)")
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--max-num-batched-tokens", type=int, default=1024)
+
+
+def run(args: argparse.Namespace) -> int:
+    from gpu_worker.llm import LLM
+
+    items = mixed_workload(args.requests, args.seed)
+    llm = LLM(args.model, kv_cache_memory=4 << 30, max_num_seqs=args.max_num_seqs,
+              max_num_batched_tokens=args.max_num_batched_tokens)
+    result = {"requests": len(items), "seed": args.seed, "model": llm.engine.model_dir.name,
+              "torch": torch.__version__, "threads": torch.get_num_threads(), "machine": platform.machine(),
+              "prompt_tokens": sum(len(i.prompt_token_ids) for i in items),
+              "output_tokens": sum(i.max_tokens for i in items)}
+    peak = matmul_peak_gflops()
+    flops = workload_flops(llm.engine.model_config, items)
+    result.update(matmul_peak_gflops=peak, workload_gflop=flops / 1e9,
+                  compute_limit_tok_s=result["output_tokens"] / (flops / 1e9 / peak))
+    engine_s, engine_out = _run_engine(llm, items)
+    result["engine_s"], result["engine_tok_s"] = engine_s, result["output_tokens"] / engine_s
+    logger.info("engine: %.1f tok/s", result["engine_tok_s"])
+    if not args.skip_baselines:
+        model = load_hf_model(llm.engine.model_dir)
+        cb_s, cb_out = hf_continuous(model, items, max(i.max_tokens for i in items))
+        result["hf_continuous_s"], result["hf_continuous_tok_s"] = cb_s, _useful(cb_out) / cb_s
+        logger.info("transformers continuous batching: %.1f tok/s", result["hf_continuous_tok_s"])
+        st_s, st_out = naive_static(model, items)
+        result["naive_static_s"], result["naive_static_tok_s"] = st_s, _useful(st_out) / st_s
+        logger.info("naive static batching: %.1f tok/s", result["naive_static_tok_s"])
+        result["engine_vs_hf_continuous"] = result["engine_tok_s"] / result["hf_continuous_tok_s"]
+        result["engine_vs_naive_static"] = result["engine_tok_s"] / result["naive_static_tok_s"]
+        result["exact_vs_hf_continuous"] = _agreement(engine_out, cb_out)
+        result["exact_vs_naive_static"] = _agreement(engine_out, st_out)
+    result["engine_fraction_of_compute_limit"] = result["engine_tok_s"] / result["compute_limit_tok_s"]
+    print(json.dumps(result, indent=2))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2))
+        _plot(result, args.plot or args.json.with_suffix(".png"))
+    return 0
+
+
+def workload_flops(cfg: ModelConfig, items: list[WorkItem]) -> float:
+    """Model FLOPs the workload needs at the least: every prompt token and every generated
+    token but the last goes through the decoder once; every generated token needs logits."""
+    h, d = cfg.hidden_size, cfg.head_dim
+    linear = cfg.num_layers * (h * (cfg.num_heads + 2 * cfg.num_kv_heads) * d + cfg.num_heads * d * h
+                               + 3 * h * cfg.intermediate_size)
+    total = 0.0
+    for it in items:
+        n_fed = len(it.prompt_token_ids) + it.max_tokens - 1
+        # attention: QK^T and PV over the causal context of each fed token
+        attn = 4 * cfg.num_layers * cfg.num_heads * d * (n_fed * (n_fed + 1) / 2)
+        total += 2 * linear * n_fed + attn + 2 * cfg.vocab_size * h * it.max_tokens
+    return total
+
+
+def _run_engine(llm, items: list[WorkItem]) -> tuple[float, list[list[int]]]:
+    from gpu_worker.sampling_params import SamplingParams
+
+    params = [SamplingParams(temperature=0, max_tokens=i.max_tokens, ignore_eos=True) for i in items]
+    llm.generate([items[0].prompt_token_ids[:8]], SamplingParams(temperature=0, max_tokens=2))  # warm-up
+    t0 = time.perf_counter()
+    outs = llm.generate([i.prompt_token_ids for i in items], params)
+    return time.perf_counter() - t0, [o.token_ids for o in outs]
+
+
+def _useful(outputs: list[list[int]]) -> int:
+    return sum(len(o) for o in outputs)
+
+
+def _agreement(a: list[list[int]], b: list[list[int]]) -> float:
+    """Fraction of requests whose greedy outputs are token-identical."""
+    return sum(x == y for x, y in zip(a, b)) / max(len(a), 1)
+
+
+def _plot(result: dict, path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        logger.warning("matplotlib not installed: no plot")
+        return
+    names = ["naive_static_tok_s", "hf_continuous_tok_s", "engine_tok_s", "compute_limit_tok_s"]
+    labels = ["transformers\nstatic batches of 8", "transformers\ncontinuous batching", "this engine",
+              "compute limit\n(FLOPs / matmul peak)"]
+    values = [result.get(n, 0.0) for n in names]
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    bars = ax.bar(labels, values, color=["#999", "#777", "#2a7", "#ccc"])
+    ax.bar_label(bars, fmt="%.1f")
+    ax.set_ylabel("useful output tokens / s")
+    ax.set_title(f"{result['model']}, {result['requests']} mixed-length requests, "
+                 f"{result['threads']} CPU threads, fp32")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    logger.info("plot written to %s", path)
