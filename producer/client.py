@@ -74,17 +74,23 @@ class AsyncFleetClient:
         stored result is returned), and a duplicate entry is never generated twice.
         """
         request = self.make_request(request, **fields)
-        tenant, rid = request.tenant, request.request_id
-        subs = await self._subscriptions()
-        channel = keys.channel(tenant, rid)
-        queue = await subs.subscribe(channel)
-        stream = RequestStream(self.redis, queue, tenant=tenant, request_id=rid,
-                               poll_s=self.poll_s, on_close=lambda s: subs.unsubscribe(channel))
-        if await self.redis.hexists(keys.state_key(tenant, rid), "result"):
-            await stream.recover()
+        stream = await self.watch(request.request_id, request.tenant)
+        if stream.done:
             return stream
         await self.redis.xadd(keys.stream_key(self.model, request.priority),
                               {keys.STREAM_FIELD: codec.encode(request)})
+        return stream
+
+    async def watch(self, request_id: str, tenant: str | None = None) -> RequestStream:
+        """A stream for a request submitted elsewhere (or before a reconnect): subscribes,
+        then replays what is stored, so nothing published before or after is missed."""
+        tenant = tenant or self.tenant
+        subs = await self._subscriptions()
+        channel = keys.channel(tenant, request_id)
+        queue = await subs.subscribe(channel)
+        stream = RequestStream(self.redis, queue, tenant=tenant, request_id=request_id,
+                               poll_s=self.poll_s, on_close=lambda s: subs.unsubscribe(channel))
+        await stream.recover()
         return stream
 
     async def generate(self, request: Request | None = None, *, timeout: float | None = None,

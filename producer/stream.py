@@ -65,6 +65,11 @@ class RequestStream:
         return self._terminal
 
     @property
+    def done(self) -> bool:
+        """True once the terminal event is known (tokens may still be left to iterate)."""
+        return self._terminal is not None
+
+    @property
     def next_seq(self) -> int:
         return len(self.token_ids)
 

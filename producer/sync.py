@@ -65,6 +65,9 @@ class FleetClient:
     def submit(self, request: Request | None = None, **fields: Any) -> SyncRequestStream:
         return SyncRequestStream(self, self._call(self._async.submit(request, **fields)))
 
+    def watch(self, request_id: str, tenant: str | None = None) -> SyncRequestStream:
+        return SyncRequestStream(self, self._call(self._async.watch(request_id, tenant)))
+
     def generate(self, request: Request | None = None, *, timeout: float | None = None,
                  **fields: Any) -> Result:
         return self._call(self._async.generate(request, timeout=timeout, **fields))
