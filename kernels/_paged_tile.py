@@ -11,7 +11,7 @@ import triton.language as tl
 
 from kernels._common import mma
 
-NEG_INIT = -1.0e30
+NEG_INIT = tl.constexpr(-1.0e30)  # a constexpr: jit code may not read plain globals
 
 
 @triton.jit

@@ -49,13 +49,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def guarded(label: str, fn, *args) -> dict | list:
+    """Run one benchmark case; a failure (OOM, an unsupported SDPA path) becomes a row
+    with the error instead of ending the unattended run."""
+    try:
+        return fn(*args)
+    except Exception as exc:  # noqa: BLE001 - recorded, and the run goes on
+        log.exception("%s failed", label)
+        return {"case": label, "error": f"{type(exc).__name__}: {exc}"[:500]}
+
+
 def run_micro(plan: dict, shape_kwargs: dict, dtype, device) -> list[dict]:
     import kernel_bench
 
     shape = kernel_bench.AttentionShape(dtype=dtype, **shape_kwargs)
-    rows = [kernel_bench.bench_decode(shape, b, c, device) for b, c in plan["decode"]]
-    rows += [kernel_bench.bench_prefill(shape, n, q, p, device) for n, q, p in plan["prefill"]]
-    rows += [kernel_bench.bench_matmul(m, n, k, dtype, device) for m, n, k in plan["matmul"]]
+    rows = [guarded(f"decode {b}x{c}", kernel_bench.bench_decode, shape, b, c, device) for b, c in plan["decode"]]
+    rows += [guarded(f"prefill {n}x{q}+{p}", kernel_bench.bench_prefill, shape, n, q, p, device)
+             for n, q, p in plan["prefill"]]
+    rows += [guarded(f"matmul {m}x{n}x{k}", kernel_bench.bench_matmul, m, n, k, dtype, device)
+             for m, n, k in plan["matmul"]]
     return rows
 
 
@@ -80,16 +92,20 @@ def main(argv: list[str] | None = None) -> int:
     peak = bench_utils.peak_copy_bandwidth(device, plan["copy_bytes"])
     result["peak_copy_GBps"] = peak / 1e9
     log.info("device-to-device copy: %.0f GB/s", peak / 1e9)
+    # Written after every phase, so a run cut short by its time limit still leaves figures.
+    path = bench_utils.write_json(args.out, "gpu_check.json", result)
     if not args.skip_micro:
         result["micro"] = run_micro(plan, plan.get("attention", LLAMA3_8B_ATTENTION), dtype, device)
         log.info("microbenchmarks done at %.0f s", time.perf_counter() - started)
+        bench_utils.write_json(args.out, "gpu_check.json", result)
     if not args.skip_model:
         cfg = llama_decode_bench.LlamaShape(**plan.get("model", {}))
-        context = args.context or (24 if args.dry_run else 1024)
-        result["decode"] = llama_decode_bench.run(cfg, plan["batch_sizes"], context, dtype, device, peak)
         result["model"] = {**vars(cfg), "head_dim": cfg.head_dim}
+        context = args.context or (24 if args.dry_run else 1024)
+        result["decode"] = guarded("decode model", llama_decode_bench.run, cfg, plan["batch_sizes"], context,
+                                   dtype, device, peak)
     result["wall_s"] = time.perf_counter() - started
-    path = bench_utils.write_json(args.out, "gpu_check.json", result)
+    bench_utils.write_json(args.out, "gpu_check.json", result)
     summarize(result)
     log.info("wrote %s in %.0f s", path, result["wall_s"])
     return 0
@@ -100,7 +116,11 @@ def summarize(result: dict) -> None:
     print(f"peak copy bandwidth: {result['peak_copy_GBps']:.0f} GB/s")
     for row in result.get("micro", []):
         print("  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
-    for row in result.get("decode", []):
+    decode = result.get("decode", [])
+    for row in decode if isinstance(decode, list) else [decode]:
+        if "error" in row:
+            print(f"decode batch {row.get('batch', '?')}: {row['error']}")
+            continue
         mode = "graph" if "graph_step_ms" in row else "eager"
         print(f"decode batch {row['batch']:>3} ctx {row['context']}: {row[f'{mode}_tokens_per_s']:.0f} tok/s "
               f"({mode}), {row[f'{mode}_GBps']:.0f} GB/s = {row[f'{mode}_frac_of_peak']:.0%} of peak, "

@@ -76,7 +76,8 @@ def bench_prefill(shape: AttentionShape, num_seqs: int, q_len: int, prefix_len: 
            "paged_us": t_ours * 1e6, "paged_TFLOPs": flops / t_ours / 1e12}
     if prefix_len == 0:
         q4 = q.view(num_seqs, q_len, shape.num_heads, shape.head_dim).transpose(1, 2)
-        sdpa = lambda: F.scaled_dot_product_attention(q4, k, v, is_causal=True, scale=scale, enable_gqa=True)  # noqa: E731
+        def sdpa():
+            return F.scaled_dot_product_attention(q4, k, v, is_causal=True, scale=scale, enable_gqa=True)
         expected = sdpa().transpose(1, 2).reshape(q.shape)
         t_sdpa = time_seconds(sdpa, device)
         row.update(sdpa_us=t_sdpa * 1e6, sdpa_TFLOPs=flops / t_sdpa / 1e12,

@@ -99,6 +99,23 @@ def step_bytes(cfg: LlamaShape, w: dict, num_seqs: int, context_len: int, elem: 
     return (linears + w["lm_head"].numel() + kv) * elem
 
 
+def measure(cfg: LlamaShape, w: dict, caches: list, batch: dict, dtype: torch.dtype,
+            device: torch.device, peak_bytes_per_s: float) -> dict:
+    num_seqs, context_len = batch["tokens"].shape[0], int(batch["seq_lens"][0])
+    step = lambda: decode_step(cfg, w, caches, batch)  # noqa: E731
+    finite = bool(torch.isfinite(step()).all())
+    moved = step_bytes(cfg, w, num_seqs, context_len, torch.finfo(dtype).bits // 8)
+    row = {"batch": num_seqs, "context": context_len, "logits_finite": finite, "bytes_per_step": moved}
+    for mode, seconds in (("eager", time_seconds(step, device)), ("graph", time_cuda_graph(step, device))):
+        if seconds is None:
+            continue
+        row[f"{mode}_step_ms"] = seconds * 1e3
+        row[f"{mode}_tokens_per_s"] = num_seqs / seconds
+        row[f"{mode}_GBps"] = moved / seconds / 1e9
+        row[f"{mode}_frac_of_peak"] = moved / seconds / peak_bytes_per_s
+    return row
+
+
 def run(cfg: LlamaShape, batch_sizes: list[int], context_len: int, dtype: torch.dtype,
         device: torch.device, peak_bytes_per_s: float) -> list[dict]:
     """tokens/s and bandwidth per batch size, eager and (on CUDA) CUDA-graph replay."""
@@ -107,19 +124,12 @@ def run(cfg: LlamaShape, batch_sizes: list[int], context_len: int, dtype: torch.
     caches = make_caches(cfg, num_blocks, dtype, device)
     rows = []
     for num_seqs in batch_sizes:
-        batch = make_batch(cfg, num_seqs, context_len, num_blocks, device)
-        step = lambda: decode_step(cfg, w, caches, batch)  # noqa: E731
-        finite = bool(torch.isfinite(step()).all())
-        moved = step_bytes(cfg, w, num_seqs, context_len, torch.finfo(dtype).bits // 8)
-        row = {"batch": num_seqs, "context": context_len, "logits_finite": finite, "bytes_per_step": moved}
-        for mode, seconds in (("eager", time_seconds(step, device)), ("graph", time_cuda_graph(step, device))):
-            if seconds is None:
-                continue
-            row[f"{mode}_step_ms"] = seconds * 1e3
-            row[f"{mode}_tokens_per_s"] = num_seqs / seconds
-            row[f"{mode}_GBps"] = moved / seconds / 1e9
-            row[f"{mode}_frac_of_peak"] = moved / seconds / peak_bytes_per_s
-        rows.append(row)
+        try:
+            rows.append(measure(cfg, w, caches, make_batch(cfg, num_seqs, context_len, num_blocks, device),
+                                dtype, device, peak_bytes_per_s))
+        except Exception as exc:  # noqa: BLE001 - e.g. OOM at the largest batch: keep the others
+            rows.append({"batch": num_seqs, "context": context_len, "error": f"{type(exc).__name__}: {exc}"[:500]})
+            release(device)
     del w, caches
     release(device)
     return rows

@@ -6,7 +6,7 @@ import torch  # noqa: E402
 
 from kernel_cases import assert_close, randn  # noqa: E402
 from kernels.reference import rmsnorm_ref  # noqa: E402
-from kernels.rmsnorm import fused_add_rmsnorm, rmsnorm  # noqa: E402
+from kernels.rms_norm import fused_add_rmsnorm, rmsnorm  # noqa: E402
 
 # bfloat16 allows a few units in the last place: the interpreter truncates float32 ->
 # bfloat16 where the GPU rounds to nearest, and the kernel rounds three times (sum, normed, out).
