@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import torch
 
 from gpu_worker.config import EngineConfig
+from gpu_worker.cpu_tuning import tune_allocator
 from gpu_worker.detokenizer import IncrementalDetokenizer
 from gpu_worker.errors import InvalidRequestError
 from gpu_worker.kv_cache import KVCacheManager
@@ -31,6 +32,7 @@ class EngineCore:
     from one thread."""
 
     def __init__(self, config: EngineConfig) -> None:
+        tune_allocator()
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         self.config = config
