@@ -14,6 +14,7 @@ from gpu_worker.errors import InvalidRequestError
 from gpu_worker.kv_cache import KVCacheManager
 from gpu_worker.model.loader import load_model_config, load_state_dict, resolve_model_dir
 from gpu_worker.model.llama import LlamaForCausalLM
+from gpu_worker.model.ops import select_ops
 from gpu_worker.outputs import RequestDelta
 from gpu_worker.postprocess import apply_step
 from gpu_worker.request import Request
@@ -40,17 +41,19 @@ class EngineCore:
         self.model_dir = resolve_model_dir(config.model)
         self.model_config = cfg = load_model_config(self.model_dir)
         self.tokenizer = Tokenizer(self.model_dir)
-        self.model = LlamaForCausalLM(cfg)
-        self.model.load_hf_state_dict(load_state_dict(self.model_dir))
-        self.model.eval()
         self.vocab_size = cfg.vocab_size
         self.max_model_len = min(config.max_model_len or cfg.max_position_embeddings,
                                  cfg.max_position_embeddings)
+        self.device = torch.device(config.device)
+        self.model = LlamaForCausalLM(cfg, select_ops(self.device), max_positions=self.max_model_len)
+        self.model.load_hf_state_dict(load_state_dict(self.model_dir))
+        self.model.eval().to(self.device)
         num_blocks = self._num_kv_blocks()
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv, max_num_batched_tokens=config.max_num_batched_tokens,
                                    max_num_seqs=config.max_num_seqs)
-        self.runner = ModelRunner(self.model, num_blocks, config.block_size, seed=config.seed)
+        self.runner = ModelRunner(self.model, num_blocks, config.block_size, seed=config.seed,
+                                  device=self.device)
         self.num_steps = 0
         logger.info("engine ready in %.1fs: %s, %d layers, %d KV blocks of %d tokens (%.0f MiB)",
                     time.perf_counter() - t0, self.model_dir.name, cfg.num_layers, num_blocks,

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gpu_worker.model.attention import AttentionMetadata, plan_cpu_attention
+from gpu_worker.model.attention import AttentionMetadata
 from gpu_worker.model.llama import LlamaForCausalLM
 from gpu_worker.outputs import TokenLogprob
 from gpu_worker.rejection_sampler import verify_drafts
@@ -40,12 +40,14 @@ class _Batch:
 
 class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, num_blocks: int, block_size: int, *,
-                 dtype: torch.dtype = torch.float32, seed: int = 0) -> None:
+                 dtype: torch.dtype = torch.float32, seed: int = 0,
+                 device: torch.device = torch.device("cpu")) -> None:
         cfg = model.cfg
-        self.model, self.block_size = model, block_size
+        self.model, self.block_size, self.device = model, block_size, device
         shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
-        self.kv_caches = [(torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype))
-                          for _ in range(cfg.num_layers)]
+        # Zeroed, not empty: masked-out slots still flow through attention (as 0 * value).
+        self.kv_caches = [(torch.zeros(shape, dtype=dtype, device=device),
+                           torch.zeros(shape, dtype=dtype, device=device)) for _ in range(cfg.num_layers)]
         self.sampler = Sampler(seed)
 
     def execute(self, sched: SchedulerOutput) -> RunnerOutput:
@@ -53,12 +55,13 @@ class ModelRunner:
         if not sched.scheduled:
             return out
         batch = self._prepare(sched)
-        plan = plan_cpu_attention(batch.meta)
+        plan = self.model.ops.plan_attention(batch.meta)
         hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, plan)
         if not batch.logits_rows:
             return out
-        index = torch.tensor([row for _, first, n in batch.logits_rows for row in range(first, first + n)])
-        logits = self.model.compute_logits(hidden.index_select(0, index))
+        index = torch.tensor([row for _, first, n in batch.logits_rows for row in range(first, first + n)],
+                             device=self.device)
+        logits = self.model.compute_logits(hidden.index_select(0, index)).cpu()
         self._sample(batch, logits, out)
         return out
 
@@ -90,8 +93,10 @@ class ModelRunner:
         tables = torch.zeros(len(order), max_blocks, dtype=torch.long)
         for i, s in enumerate(order):
             tables[i, :len(s.block_ids)] = torch.tensor(s.block_ids)
-        meta = AttentionMetadata(torch.tensor(slots), tables, seq_lens, query_lens, len(decodes), bs)
-        return _Batch(order, torch.tensor(ids), torch.tensor(pos), meta, logits_rows)
+        dev = self.device
+        meta = AttentionMetadata(torch.tensor(slots, device=dev), tables.to(dev), seq_lens, query_lens,
+                                 len(decodes), bs)
+        return _Batch(order, torch.tensor(ids, device=dev), torch.tensor(pos, device=dev), meta, logits_rows)
 
     def _sample(self, batch: _Batch, logits: torch.Tensor, out: RunnerOutput) -> None:
         rows: list[SamplingRow] = []

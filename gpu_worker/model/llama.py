@@ -1,8 +1,10 @@
 """The Llama-family decoder (Llama, Mistral, Qwen2) over a flat, unpadded token batch.
 
 One forward pass mixes prefill chunks of some requests with decode tokens of others; the
-attention metadata and the KV caches are passed in explicitly (no global context).
-q/k/v and gate/up projections are fused into one matmul each at load time.
+attention metadata and the KV caches are passed in explicitly (no global context). The
+compute ops come from one :class:`ModelOps` chosen at construction. q/k/v and gate/up
+projections are fused into one matmul each; every projection is a :class:`Linear` that
+weight-only quantization swaps at load.
 """
 from __future__ import annotations
 
@@ -11,24 +13,22 @@ import torch.nn.functional as F
 from torch import nn
 
 from gpu_worker.errors import ModelLoadError
-from gpu_worker.model.attention import CpuAttentionPlan, cpu_paged_attention
 from gpu_worker.model.config import ModelConfig
+from gpu_worker.model.ops import TORCH_OPS, ModelOps
 
 KVCache = tuple[torch.Tensor, torch.Tensor]  # ([num_blocks, block_size, kv_heads, head_dim],) * 2
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """HF Llama semantics: normalise in float32, cast back, then scale."""
-    h = x.to(torch.float32)
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(x.dtype)
+class Linear(nn.Module):
+    """y = x W^T (+ b), weight [out_features, in_features]."""
 
+    def __init__(self, out_features: int, in_features: int, bias: bool = False) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
+        self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [num_tokens, heads, head_dim]; cos/sin: [num_tokens, 1, head_dim] (rotate-half style)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [n, in] -> [n, out]
+        return F.linear(x, self.weight, self.bias)
 
 
 class DecoderLayer(nn.Module):
@@ -39,49 +39,41 @@ class DecoderLayer(nn.Module):
         self.q_size, self.kv_size = cfg.num_heads * d, cfg.num_kv_heads * d
         self.input_norm = nn.Parameter(torch.empty(h), requires_grad=False)
         self.post_norm = nn.Parameter(torch.empty(h), requires_grad=False)
-        self.qkv = nn.Parameter(torch.empty(self.q_size + 2 * self.kv_size, h), requires_grad=False)
-        self.qkv_bias = (nn.Parameter(torch.empty(self.q_size + 2 * self.kv_size), requires_grad=False)
-                         if cfg.attention_bias else None)
-        self.o_proj = nn.Parameter(torch.empty(h, self.q_size), requires_grad=False)
-        self.gate_up = nn.Parameter(torch.empty(2 * cfg.intermediate_size, h), requires_grad=False)
-        self.down = nn.Parameter(torch.empty(h, cfg.intermediate_size), requires_grad=False)
+        self.qkv = Linear(self.q_size + 2 * self.kv_size, h, bias=cfg.attention_bias)
+        self.o_proj = Linear(h, self.q_size)
+        self.gate_up = Linear(2 * cfg.intermediate_size, h)
+        self.down = Linear(h, cfg.intermediate_size)
 
     def forward(
         self,
-        x: torch.Tensor,            # [num_tokens, hidden]
-        residual: torch.Tensor,     # [num_tokens, hidden]
-        cos: torch.Tensor,          # [num_tokens, 1, head_dim]
-        sin: torch.Tensor,          # [num_tokens, 1, head_dim]
+        ops: ModelOps,
+        x: torch.Tensor,                # [num_tokens, hidden]
+        residual: torch.Tensor | None,  # [num_tokens, hidden]
+        rope_ctx,
         kv_cache: KVCache,
-        plan: CpuAttentionPlan,
+        plan,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        cfg, eps = self.cfg, self.cfg.rms_norm_eps
-        residual = x if residual is None else x + residual
-        h = rms_norm(residual, self.input_norm, eps)
-        qkv = F.linear(h, self.qkv, self.qkv_bias)
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        n = x.shape[0]
-        q = apply_rope(q.view(n, cfg.num_heads, cfg.head_dim), cos, sin)
-        k = apply_rope(k.view(n, cfg.num_kv_heads, cfg.head_dim), cos, sin)
+        cfg, eps, n = self.cfg, self.cfg.rms_norm_eps, x.shape[0]
+        h, residual = ops.add_rms_norm(x, residual, self.input_norm, eps)
+        q, k, v = self.qkv(h).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k = ops.rope(q.view(n, cfg.num_heads, cfg.head_dim), k.view(n, cfg.num_kv_heads, cfg.head_dim), rope_ctx)
         v = v.view(n, cfg.num_kv_heads, cfg.head_dim)
-        o = cpu_paged_attention(q, k, v, kv_cache[0], kv_cache[1], plan, cfg.head_dim ** -0.5)
-        x = F.linear(o.view(n, self.q_size), self.o_proj)
-        residual = x + residual
-        h = rms_norm(residual, self.post_norm, eps)
-        gate, up = F.linear(h, self.gate_up).chunk(2, dim=-1)
-        return F.linear(F.silu(gate) * up, self.down), residual
+        o = ops.attention(q, k, v, kv_cache[0], kv_cache[1], plan, cfg.head_dim ** -0.5)
+        h, residual = ops.add_rms_norm(self.o_proj(o.reshape(n, self.q_size)), residual, self.post_norm, eps)
+        return self.down(ops.silu_and_mul(self.gate_up(h))), residual
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, ops: ModelOps = TORCH_OPS, max_positions: int | None = None) -> None:
         super().__init__()
-        self.cfg = cfg
+        self.cfg, self.ops = cfg, ops
         self.embed = nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size), requires_grad=False)
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = nn.Parameter(torch.empty(cfg.hidden_size), requires_grad=False)
         self.lm_head = (self.embed if cfg.tie_word_embeddings
                         else nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size), requires_grad=False))
-        freqs = torch.arange(cfg.max_position_embeddings, dtype=torch.float32)[:, None] * cfg.inv_freq[None, :]
+        n_pos = min(max_positions or cfg.max_position_embeddings, cfg.max_position_embeddings)
+        freqs = torch.arange(n_pos, dtype=torch.float32)[:, None] * cfg.inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         self.register_buffer("cos_table", emb.cos() * cfg.rope_attention_scaling, persistent=False)
         self.register_buffer("sin_table", emb.sin() * cfg.rope_attention_scaling, persistent=False)
@@ -91,16 +83,20 @@ class LlamaForCausalLM(nn.Module):
         self,
         input_ids: torch.Tensor,    # [num_tokens] int64
         positions: torch.Tensor,    # [num_tokens] int64
-        kv_caches: list[KVCache],
-        plan: CpuAttentionPlan,
-    ) -> torch.Tensor:              # [num_tokens, hidden]
+        kv_caches: list[KVCache],   # one per layer of this model (or stage)
+        plan,
+    ) -> torch.Tensor:              # [num_tokens, hidden], final-normed
         x = F.embedding(input_ids, self.embed)
-        cos = self.cos_table.index_select(0, positions).to(x.dtype).unsqueeze(1)
-        sin = self.sin_table.index_select(0, positions).to(x.dtype).unsqueeze(1)
-        residual = None
-        for layer, kv in zip(self.layers, kv_caches):
-            x, residual = layer(x, residual, cos, sin, kv, plan)
-        return rms_norm(x + residual, self.norm, self.cfg.rms_norm_eps)
+        x, residual = self.forward_layers(x, None, positions, kv_caches, plan, 0, len(self.layers))
+        return self.ops.add_rms_norm(x, residual, self.norm, self.cfg.rms_norm_eps)[0]
+
+    @torch.inference_mode()
+    def forward_layers(self, x, residual, positions, kv_caches, plan, start: int, end: int):
+        """Layers [start, end) only (a pipeline stage); kv_caches[i] belongs to layer start+i."""
+        rope_ctx = self.ops.prepare_rope(positions, self.cos_table, self.sin_table)
+        for layer, kv in zip(self.layers[start:end], kv_caches):
+            x, residual = layer(self.ops, x, residual, rope_ctx, kv, plan)
+        return x, residual
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [n, hidden] -> [n, vocab] float32
@@ -122,9 +118,10 @@ class LlamaForCausalLM(nn.Module):
                 p = f"model.layers.{i}."
                 layer.input_norm.copy_(take(p + "input_layernorm.weight"))
                 layer.post_norm.copy_(take(p + "post_attention_layernorm.weight"))
-                layer.qkv.copy_(torch.cat([take(p + f"self_attn.{n}_proj.weight") for n in "qkv"]))
-                if layer.qkv_bias is not None:
-                    layer.qkv_bias.copy_(torch.cat([take(p + f"self_attn.{n}_proj.bias") for n in "qkv"]))
-                layer.o_proj.copy_(take(p + "self_attn.o_proj.weight"))
-                layer.gate_up.copy_(torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")]))
-                layer.down.copy_(take(p + "mlp.down_proj.weight"))
+                layer.qkv.weight.copy_(torch.cat([take(p + f"self_attn.{n}_proj.weight") for n in "qkv"]))
+                if layer.qkv.bias is not None:
+                    layer.qkv.bias.copy_(torch.cat([take(p + f"self_attn.{n}_proj.bias") for n in "qkv"]))
+                layer.o_proj.weight.copy_(take(p + "self_attn.o_proj.weight"))
+                layer.gate_up.weight.copy_(torch.cat([take(p + "mlp.gate_proj.weight"),
+                                                      take(p + "mlp.up_proj.weight")]))
+                layer.down.weight.copy_(take(p + "mlp.down_proj.weight"))

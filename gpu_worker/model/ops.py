@@ -1,0 +1,83 @@
+"""The model's compute ops, chosen once per model: the one switch between backends.
+
+``torch`` (default off CUDA): plain torch ops and the CPU paged attention.
+``triton`` (default on CUDA): the Triton kernels in ``kernels/``. It also runs on CPU tensors
+under ``TRITON_INTERPRET=1``, which is how tests exercise the GPU path without a GPU; it is
+never chosen on the CPU unless asked for (``FLEET_OPS=triton``).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from gpu_worker.model.attention import cpu_paged_attention, plan_cpu_attention
+
+
+@dataclass(frozen=True)
+class ModelOps:
+    name: str
+    # (x, residual | None, weight, eps) -> (normed x, new residual)
+    add_rms_norm: Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor, float], tuple[torch.Tensor, torch.Tensor]]
+    # (positions, cos_table, sin_table) -> rope context shared by all layers of one forward
+    prepare_rope: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Any]
+    # (q, k, rope context) -> (q, k) rotated
+    rope: Callable[[torch.Tensor, torch.Tensor, Any], tuple[torch.Tensor, torch.Tensor]]
+    silu_and_mul: Callable[[torch.Tensor], torch.Tensor]
+    # AttentionMetadata -> plan shared by all layers of one forward
+    plan_attention: Callable[[Any], Any]
+    # (q, k, v, k_cache, v_cache, plan, scale) -> out [num_tokens, heads, head_dim]
+    attention: Callable[..., torch.Tensor]
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """HF Llama semantics: normalise in float32, cast back, then scale."""
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def _torch_add_rms_norm(x, residual, weight, eps):
+    residual = x if residual is None else x + residual
+    return rms_norm(residual, weight, eps), residual
+
+
+def _torch_prepare_rope(positions, cos_table, sin_table):
+    cos = cos_table.index_select(0, positions).unsqueeze(1)   # [num_tokens, 1, head_dim]
+    sin = sin_table.index_select(0, positions).unsqueeze(1)
+    return cos, sin
+
+
+def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+def _torch_rope(q, k, ctx):
+    cos, sin = ctx
+    return _apply_rope(q, cos.to(q.dtype), sin.to(q.dtype)), _apply_rope(k, cos.to(k.dtype), sin.to(k.dtype))
+
+
+def _torch_silu_and_mul(x):
+    gate, up = x.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+TORCH_OPS = ModelOps("torch", _torch_add_rms_norm, _torch_prepare_rope, _torch_rope, _torch_silu_and_mul,
+                     plan_cpu_attention, cpu_paged_attention)
+
+
+def select_ops(device: torch.device | str, override: str | None = None) -> ModelOps:
+    """``override`` (or ``FLEET_OPS``) forces ``torch`` or ``triton``."""
+    choice = override or os.environ.get("FLEET_OPS") or ("triton" if torch.device(device).type == "cuda" else "torch")
+    if choice == "torch":
+        return TORCH_OPS
+    if choice == "triton":
+        from gpu_worker.model.triton_ops import TRITON_OPS
+
+        return TRITON_OPS
+    raise ValueError(f"unknown ops backend {choice!r}; use 'torch' or 'triton'")
