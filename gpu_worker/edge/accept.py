@@ -16,6 +16,7 @@ from gpu_worker.edge import calls
 from gpu_worker.edge.inflight import Entry, Inflight, resume_state
 from gpu_worker.edge.options import WorkerOptions
 from gpu_worker.edge.redis_io import RedisIO
+from gpu_worker.metrics import DISABLED, WorkerMetrics  # ops: metrics
 from gpu_worker.outputs import RequestDelta
 from shared import codec, errors, keys
 from shared.errors import ProtocolError
@@ -48,7 +49,8 @@ def _plan(entry: Entry, options: WorkerOptions) -> _Plan:
     return plan
 
 
-async def accept(io: RedisIO, options: WorkerOptions, entries: list[Entry]) -> list[Inflight]:
+async def accept(io: RedisIO, options: WorkerOptions, entries: list[Entry],
+                 metrics: WorkerMetrics = DISABLED) -> list[Inflight]:
     """Begin ``entries`` in Redis; return the ones the engine should now run."""
     plans = [_plan(e, options) for e in entries]
     addressed = [p for p in plans if p.request_id is not None]
@@ -68,6 +70,7 @@ async def accept(io: RedisIO, options: WorkerOptions, entries: list[Entry]) -> l
             finished.append(plan.entry)
             if plan.code is not None:
                 writes.append(calls.dead_letter(options, plan.entry, plan.code, plan.message))
+                metrics.on_dead_letter()  # ops: metrics
             continue
         inf = _inflight(plan, reply, options)
         outcome = _terminal_now(plan, inf, reply[2] == b"1", now, options)
@@ -75,14 +78,17 @@ async def accept(io: RedisIO, options: WorkerOptions, entries: list[Entry]) -> l
             accepted.append(inf)
             continue
         writes.append(calls.finish(options, io.publish_command, inf, outcome))
+        metrics.on_terminal(outcome)  # ops: metrics
         if plan.code is not None:
             writes.append(calls.dead_letter(options, plan.entry, plan.code, plan.message))
+            metrics.on_dead_letter()  # ops: metrics
         finished.append(plan.entry)
     for plan in plans:
         if plan.request_id is None:
             logger.warning("dead-lettering entry %s of %s: %s: %s", plan.entry.entry_id,
                            plan.entry.stream, plan.code, plan.message)
             writes.append(calls.dead_letter(options, plan.entry, plan.code, plan.message))
+            metrics.on_dead_letter()  # ops: metrics
             finished.append(plan.entry)
     if writes:
         for result in await io.run(writes):

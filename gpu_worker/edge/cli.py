@@ -43,6 +43,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--result-ttl-s", type=int, default=d.result_ttl_s)
     g.add_argument("--drain-grace-s", type=float, default=d.drain_grace_s)
     g.add_argument("--heartbeat-s", type=float, default=d.heartbeat_s)
+    g = parser.add_argument_group("operations")  # ops: metrics and probes
+    g.add_argument("--metrics-port", type=int, default=0,
+                   help="serve /metrics, /healthz, /readyz on this port (0: off)")
+    g.add_argument("--metrics-host", default="0.0.0.0", help="address the metrics port binds")
 
 
 def engine_config(args: argparse.Namespace):
@@ -67,10 +71,15 @@ def worker_options(args: argparse.Namespace) -> WorkerOptions:
 def run(args: argparse.Namespace) -> int:
     from gpu_worker.edge.worker import Worker
     from gpu_worker.engine import EngineCore
+    from gpu_worker.health import serve_http
+    from gpu_worker.metrics import WorkerMetrics
 
     options = worker_options(args)
+    metrics = WorkerMetrics(options.model_name, process=True)
+    if args.metrics_port:  # up before the model loads: probes answer "loading" meanwhile
+        serve_http(metrics, args.metrics_port, args.metrics_host)
     engine = EngineCore(engine_config(args))
-    worker = Worker(engine, options)
+    worker = Worker(engine, options, metrics)
     try:
         import uvloop
     except ImportError:  # uvloop is optional on platforms without it

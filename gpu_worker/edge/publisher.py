@@ -27,6 +27,7 @@ class Publisher:
 
     def on_report(self, report: StepReport) -> None:
         """Called on the event-loop thread for every engine pass."""
+        self.state.metrics.on_report(report, self.state.inflight)  # ops: metrics
         self.reports.put_nowait(report)
 
     async def run(self) -> None:

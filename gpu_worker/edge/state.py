@@ -9,6 +9,7 @@ from gpu_worker.edge.engine_loop import EngineThread, StepReport
 from gpu_worker.edge.inflight import Inflight
 from gpu_worker.edge.options import WorkerOptions
 from gpu_worker.edge.redis_io import RedisIO
+from gpu_worker.metrics import WorkerMetrics  # ops: metrics
 
 logger = logging.getLogger(__name__)
 
@@ -25,6 +26,7 @@ class WorkerState:
     capacity: asyncio.Event = field(default_factory=asyncio.Event)
     draining: bool = False
     num_finished: int = 0
+    metrics: WorkerMetrics = field(default_factory=WorkerMetrics)  # ops: metrics
 
     def room(self) -> int:
         """How many more entries may be read now: the local queue's free places.

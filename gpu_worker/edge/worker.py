@@ -19,6 +19,7 @@ from gpu_worker.edge.options import WorkerOptions
 from gpu_worker.edge.publisher import Publisher
 from gpu_worker.edge.redis_io import TRANSIENT, Backoff, RedisIO, is_loading, is_nogroup
 from gpu_worker.edge.state import WorkerState
+from gpu_worker.metrics import WorkerMetrics  # ops: metrics
 from shared import keys
 
 logger = logging.getLogger(__name__)
@@ -29,11 +30,13 @@ class EngineFailed(RuntimeError):
 
 
 class Worker:
-    def __init__(self, engine, options: WorkerOptions) -> None:
+    def __init__(self, engine, options: WorkerOptions,
+                 metrics: WorkerMetrics | None = None) -> None:
         self.options = options
         io = RedisIO(options.redis_url)
         engine_thread = EngineThread(engine, on_output=self._from_engine_thread)
-        self.state = WorkerState(options=options, io=io, engine=engine_thread)
+        self.state = WorkerState(options=options, io=io, engine=engine_thread,
+                                 metrics=metrics or WorkerMetrics(options.model_name))  # ops
         self.publisher = Publisher(self.state)
         self.intake = Intake(io, options)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -56,10 +59,12 @@ class Worker:
                 self._loop.add_signal_handler(sig, self._drain_requested.set)
         await self._connect()
         self.state.engine.start()
+        self.state.metrics.health.serving(self.state)  # ops: readiness
         logger.info("worker %s serving %s", self.options.worker_id, ", ".join(self.intake.streams))
         tasks = [asyncio.create_task(coro) for coro in (
             self.publisher.run(), maintenance.lease_loop(self.state),
-            maintenance.heartbeat_loop(self.state), maintenance.control_loop(self.state))]
+            maintenance.heartbeat_loop(self.state), maintenance.control_loop(self.state),
+            self.state.metrics.health.loop_heartbeat())]  # ops: liveness
         intake = asyncio.create_task(self._intake_loop())
         drain = asyncio.create_task(self._drain_requested.wait())
         done, _ = await asyncio.wait([intake, drain], return_when=asyncio.FIRST_COMPLETED)
@@ -105,6 +110,7 @@ class Worker:
                 if time.monotonic() >= next_reclaim:
                     next_reclaim = time.monotonic() + self.options.claim_idle_ms / 2000.0
                     entries = await self.intake.reclaim(room)
+                    st.metrics.on_reclaim(len(entries))  # ops: metrics
                 if len(entries) < room:
                     entries += await self.intake.read(room - len(entries), block=not entries)
                 await self._take(entries[:room], extra=entries[room:])
@@ -133,7 +139,7 @@ class Worker:
             await st.io.run(calls.handoff(self.options, extra))
         if not entries:
             return
-        accepted = await accept(st.io, self.options, entries)
+        accepted = await accept(st.io, self.options, entries, st.metrics)
         if st.draining:
             await st.io.run(calls.handoff(self.options, [inf.entry for inf in accepted]))
             return
