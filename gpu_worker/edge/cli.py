@@ -79,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
     if args.metrics_port:  # up before the model loads: probes answer "loading" meanwhile
         serve_http(metrics, args.metrics_port, args.metrics_host)
     engine = EngineCore(engine_config(args))
+    metrics.on_step(0.0, engine.stats())  # the gauges start at the idle engine's values
     worker = Worker(engine, options, metrics)
     try:
         import uvloop
