@@ -1,0 +1,72 @@
+"""Pure pieces of the gateway: options, request translation, response shapes (no Redis)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from producer.gateway import schemas, translate
+from producer.gateway.errors import GatewayError
+from producer.gateway.options import GatewayOptions, Quota, load_keys, parse_served_models
+from producer.gateway.render import Renderer, TokenNames
+from shared.protocol import Result, Timings, Usage
+
+OPTIONS = GatewayOptions(redis_url="redis://x")
+
+
+def test_served_models_and_keys(tmp_path, monkeypatch):
+    assert parse_served_models([], "default") == {"default": "default"}
+    assert parse_served_models(["gpt=default", "smol"], "x") == {"gpt": "default", "smol": "smol"}
+    path = tmp_path / "keys.json"
+    path.write_text(json.dumps({"keys": {"k1": "acme"}, "quotas": {"acme": {"max_concurrent": 2}}}))
+    api_keys, quotas = load_keys(str(path), "k2=beta, k3=gamma")
+    assert api_keys == {"k1": "acme", "k2": "beta", "k3": "gamma"}
+    assert quotas == {"acme": Quota(max_concurrent=2)}
+    with pytest.raises(ValueError):
+        load_keys(None, "k=bad{tenant}")
+
+
+def test_chat_translation():
+    req = schemas.decode(json.dumps({
+        "model": "m", "messages": [{"role": "developer", "content": "be brief"},
+                                   {"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+        "max_completion_tokens": 9, "stop": "\n", "logprobs": True, "top_logprobs": 2,
+        "user": "u1", "seed": 3, "unknown_field": 1}).encode(), schemas.ChatRequest)
+    fields = translate.chat_fields(req, OPTIONS)
+    assert fields["messages"] == [{"role": "system", "content": "be brief"},
+                                  {"role": "user", "content": "hi"}]
+    picked = (fields["max_tokens"], fields["stop"], fields["logprobs"], fields["seed"])
+    assert picked == (9, ["\n"], 2, 3)
+    assert fields["metadata"] == {"user": "u1"} and fields["priority"] == "default"
+
+
+@pytest.mark.parametrize("prompt, expected", [
+    ("text", {"prompt": "text"}), (["text"], {"prompt": "text"}),
+    ([1, 2, 3], {"prompt_token_ids": [1, 2, 3]}), ([[4, 5]], {"prompt_token_ids": [4, 5]})])
+def test_completion_prompts(prompt, expected):
+    req = schemas.decode(json.dumps({"model": "m", "prompt": prompt}).encode(),
+                         schemas.CompletionRequest)
+    fields = translate.completion_fields(req, OPTIONS)
+    assert {k: fields[k] for k in expected} == expected and fields["max_tokens"] == 16
+
+
+def test_several_prompts_are_refused():
+    req = schemas.decode(b'{"model": "m", "prompt": ["a", "b"]}', schemas.CompletionRequest)
+    with pytest.raises(GatewayError) as exc:
+        translate.completion_fields(req, OPTIONS)
+    assert exc.value.status == 400 and exc.value.param == "prompt"
+
+
+@pytest.mark.parametrize("fleet_reason, openai_reason", [
+    ("stop", "stop"), ("length", "length"), ("timeout", "length"), ("cancelled", "stop")])
+def test_finish_reasons_and_usage(fleet_reason, openai_reason):
+    result = Result(request_id="r1", finish_reason=fleet_reason, text="hi", token_ids=[1],
+                    usage=Usage(prompt_tokens=3, completion_tokens=1, cached_tokens=2),
+                    timings=Timings())
+    renderer = Renderer(chat=True, response_id="r1", model="m", names=TokenNames(), logprobs=False)
+    body = renderer.response(result, [])
+    assert body["choices"][0]["finish_reason"] == openai_reason
+    assert body["choices"][0]["message"]["content"] == "hi"
+    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4,
+                             "prompt_tokens_details": {"cached_tokens": 2}}
+    assert TokenNames()(42) == "token_id:42"
