@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import shutil
 import socket
+import ssl
 import string
 import subprocess
 import time
@@ -59,16 +61,31 @@ def render_acl(path: Path) -> dict[str, str]:
     return passwords
 
 
-class AclRedisServer(RedisServer):
-    """A redis-server that loads a rendered users.acl. ``url`` is the worker's (so the
-    worker harness runs workers as ``fleet-worker``); ``url_for(user)`` any user's."""
+def make_tls_cert(directory: Path) -> Path | None:
+    """A self-signed certificate for 127.0.0.1 (cert.pem, key.pem); None without openssl."""
+    if shutil.which("openssl") is None:
+        return None
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-keyout", str(directory / "key.pem"), "-out", str(directory / "cert.pem"),
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    return directory / "cert.pem"
 
-    def __init__(self, acl_path: Path, passwords: dict[str, str]) -> None:
+
+class AclRedisServer(RedisServer):
+    """A redis-server that loads a rendered users.acl, TLS-only when given a certificate.
+    ``url`` is the worker's (so the worker harness runs workers as ``fleet-worker``);
+    ``url_for(user)`` any user's (``rediss://...?ssl_ca_certs=...`` with TLS)."""
+
+    def __init__(self, acl_path: Path, passwords: dict[str, str], cert: Path | None = None):
         super().__init__()
-        self.acl_path, self.passwords = acl_path, passwords
+        self.acl_path, self.passwords, self.cert = acl_path, passwords, cert
 
     def url_for(self, user: str) -> str:
-        return f"redis://{user}:{self.passwords[user]}@127.0.0.1:{self.port}/0"
+        if self.cert is None:
+            return f"redis://{user}:{self.passwords[user]}@127.0.0.1:{self.port}/0"
+        return (f"rediss://{user}:{self.passwords[user]}@127.0.0.1:{self.port}/0"
+                f"?ssl_ca_certs={self.cert}")
 
     @property
     def url(self) -> str:
@@ -76,23 +93,37 @@ class AclRedisServer(RedisServer):
 
     def start(self) -> "AclRedisServer":
         self.proc = subprocess.Popen(
-            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+            [self.binary, *self._listen(), "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "no", "--dir", self.dir, "--aclfile", str(self.acl_path),
              "--loglevel", "warning"],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.monotonic() + 10
-        while not _answers(self.port):
+        while not _answers(self.port, tls=self.cert is not None):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 err = self.proc.stderr.read().decode() if self.proc.poll() is not None else ""
                 raise RuntimeError(f"redis-server with {self.acl_path} did not start: {err}")
             time.sleep(0.02)
         return self
 
+    def _listen(self) -> list[str]:
+        if self.cert is None:
+            return ["--port", str(self.port)]
+        key = self.cert.with_name("key.pem")
+        return ["--port", "0", "--tls-port", str(self.port), "--tls-cert-file", str(self.cert),
+                "--tls-key-file", str(key), "--tls-ca-cert-file", str(self.cert),
+                "--tls-auth-clients", "no"]
 
-def _answers(port: int) -> bool:
+
+def _answers(port: int, *, tls: bool = False) -> bool:
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.2) as s:
-            s.sendall(b"PING\r\n")
-            return s.recv(16).startswith((b"+PONG", b"-NOAUTH"))
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as raw:
+            if tls:
+                context = ssl.create_default_context()
+                context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+                with context.wrap_socket(raw) as s:
+                    s.sendall(b"PING\r\n")
+                    return s.recv(16).startswith((b"+PONG", b"-NOAUTH"))
+            raw.sendall(b"PING\r\n")
+            return raw.recv(16).startswith((b"+PONG", b"-NOAUTH"))
     except OSError:
         return False
