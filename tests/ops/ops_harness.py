@@ -20,7 +20,8 @@ from redis_server import REPO, RedisServer
 ACL_TEMPLATE = REPO / "ops" / "redis" / "users.acl"
 ACL_USERS = {  # user -> the template's password variable
     "fleet-admin": "FLEET_ADMIN_PASSWORD", "fleet-worker": "FLEET_WORKER_PASSWORD",
-    "fleet-producer": "FLEET_PRODUCER_PASSWORD", "fleet-exporter": "FLEET_EXPORTER_PASSWORD",
+    "fleet-producer": "FLEET_PRODUCER_PASSWORD", "fleet-gateway": "FLEET_GATEWAY_PASSWORD",
+    "fleet-exporter": "FLEET_EXPORTER_PASSWORD",
     "fleet-keda": "FLEET_KEDA_PASSWORD", "tenant-acme": "FLEET_TENANT_ACME_PASSWORD",
     "tenant-globex": "FLEET_TENANT_GLOBEX_PASSWORD",
 }
