@@ -31,9 +31,11 @@ class EngineConfig:
     seed: int = 0
     num_threads: int | None = None
     quantization: str | None = None
-    speculative: str | None = None
-    num_speculative_tokens: int = 4
-    draft_model: str | None = None
+    speculative: str | None = None          # None, "ngram", "draft" or "self"
+    num_speculative_tokens: int = 4         # the most drafts per request per step
+    draft_model: str | None = None          # for speculative="draft": same tokenizer as the target
+    self_draft_layers: int | None = None    # for speculative="self": early exit after this many layers
+    spec_adaptive: bool = True              # adapt k per request and to the batch's cost
 
 
 def parse_bytes(text: str) -> int:

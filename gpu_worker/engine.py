@@ -21,6 +21,7 @@ from gpu_worker.request import Request
 from gpu_worker.runner import ModelRunner
 from gpu_worker.sampling_params import SamplingParams
 from gpu_worker.scheduler import Scheduler
+from gpu_worker.spec.build import build_speculator
 from gpu_worker.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -54,6 +55,7 @@ class EngineCore:
                                    max_num_seqs=config.max_num_seqs)
         self.runner = ModelRunner(self.model, num_blocks, config.block_size, seed=config.seed,
                                   device=self.device)
+        self.speculator = build_speculator(config, self.model, self.runner, self.kv, num_blocks)
         self.num_steps = 0
         logger.info("engine ready in %.1fs: %s, %d layers, %d KV blocks of %d tokens (%.0f MiB)",
                     time.perf_counter() - t0, self.model_dir.name, cfg.num_layers, num_blocks,
@@ -115,9 +117,23 @@ class EngineCore:
     # -- the loop -------------------------------------------------------------------
     def step(self) -> list[RequestDelta]:
         sched_out = self.scheduler.schedule()
+        t0 = time.perf_counter()
         run_out = self.runner.execute(sched_out)
+        elapsed = time.perf_counter() - t0
         self.num_steps += 1
-        return apply_step(self.scheduler, sched_out, run_out)
+        deltas = apply_step(self.scheduler, sched_out, run_out)
+        if self.speculator is not None:
+            self._speculate(sched_out.num_batched_tokens, elapsed, run_out, deltas)
+        return deltas
+
+    def _speculate(self, num_tokens: int, elapsed: float, run_out, deltas: list[RequestDelta]) -> None:
+        spec = self.speculator
+        spec.observe_step(num_tokens, elapsed)
+        spec.record(run_out.num_drafted, run_out.num_accepted)
+        for d in deltas:
+            if d.finished:
+                spec.forget(d.request_id)
+        spec.propose(self.scheduler.running, self.max_model_len)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -148,4 +164,5 @@ class EngineCore:
             "prefix_cache_hit_rate": kv.prefix_hits / kv.prefix_queries if kv.prefix_queries else 0.0,
             "num_preemptions": self.scheduler.num_preemptions,
             "num_steps": self.num_steps,
+            **(self.speculator.stats() if self.speculator else {}),
         }

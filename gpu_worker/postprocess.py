@@ -28,14 +28,14 @@ def apply_step(sched: Scheduler, sched_out: SchedulerOutput, run_out: RunnerOutp
             req.num_computed_tokens -= num_rejected
             sched.kv.trim(req.request_id, req.num_computed_tokens + 1)
         req.spec_token_ids = []
-        if hasattr(req, "spec_draft_probs"):
-            req.spec_draft_probs = None
-        sched.kv.cache_computed(req.request_id, req.token_ids, req.num_computed_tokens)
-        if not sampled:
-            continue                    # a prefill chunk that did not reach the end
+        if not sampled:                 # a prefill chunk that did not reach the end
+            sched.kv.cache_computed(req.request_id, req.token_ids, req.num_computed_tokens)
+            continue
         if req.first_token_time is None:
             req.first_token_time = now
         new_tokens = _append_until_stop(req, sampled)
+        # After appending: accepted drafts are computed tokens that only now have ids.
+        sched.kv.cache_computed(req.request_id, req.token_ids, min(req.num_computed_tokens, req.num_tokens))
         logprobs = run_out.logprobs.get(req.request_id)
         if logprobs is not None:
             logprobs = logprobs[:len(new_tokens)]

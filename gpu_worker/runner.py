@@ -49,6 +49,7 @@ class ModelRunner:
         self.kv_caches = [(torch.zeros(shape, dtype=dtype, device=device),
                            torch.zeros(shape, dtype=dtype, device=device)) for _ in range(cfg.num_layers)]
         self.sampler = Sampler(seed)
+        self.drafter = None     # a model drafter that must see every target batch (set by the engine)
 
     def execute(self, sched: SchedulerOutput) -> RunnerOutput:
         out = RunnerOutput()
@@ -57,6 +58,8 @@ class ModelRunner:
         batch = self._prepare(sched)
         plan = self.model.ops.plan_attention(batch.meta)
         hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, plan)
+        if self.drafter is not None:
+            self.drafter.observe(batch.input_ids, batch.positions, plan)
         if not batch.logits_rows:
             return out
         index = torch.tensor([row for _, first, n in batch.logits_rows for row in range(first, first + n)],

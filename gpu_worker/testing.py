@@ -15,9 +15,11 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_m
 
 def make_tiny_model(path: str | Path, arch: str = "llama", seed: int = 0, *, num_layers: int = 2,
                     hidden_size: int = 64, num_heads: int = 4, num_kv_heads: int = 2,
-                    max_position_embeddings: int = 2048, tie_word_embeddings: bool = False) -> str:
+                    max_position_embeddings: int = 2048, tie_word_embeddings: bool = False,
+                    init_std: float = 0.08) -> str:
     """Write a random-weight ``llama`` or ``qwen2`` model (SmolLM2's tokenizer and vocab) to
-    ``path`` in the Hugging Face layout, and return the path. Idempotent."""
+    ``path`` in the Hugging Face layout, and return the path. Idempotent. A larger
+    ``init_std`` gives peakier next-token distributions."""
     from safetensors.torch import save_file
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -42,7 +44,7 @@ def make_tiny_model(path: str | Path, arch: str = "llama", seed: int = 0, *, num
         for name, p in model.named_parameters():
             # Larger-than-default init so the random model's next-token choices are not ties.
             if p.dim() > 1:
-                p.normal_(0, 0.08)
+                p.normal_(0, init_std)
             else:
                 p.normal_(0, 0.1).add_(1.0 if "norm" in name else 0.0)
     state = {k: v.contiguous() for k, v in model.state_dict().items()}

@@ -1,0 +1,1 @@
+"""Speculative decoding inside the continuous batch: proposers, adaptive depth."""

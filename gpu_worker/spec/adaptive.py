@@ -1,0 +1,80 @@
+"""Adaptive speculation depth: k per request from its recent acceptance, and none at all
+when the batch is already compute-bound.
+
+Step time is modelled online as ``a + b * tokens`` (least squares over recent steps). The
+j-th draft of a request with acceptance rate ``alpha`` yields ``alpha**j`` extra tokens in
+expectation and costs ``b`` (one more token in the target's batch) plus the drafter's cost
+per token. It is worth proposing only while that yield per second beats the rate the step
+already achieves (tokens per second of a plain step). In a small, memory-bound batch ``a``
+dominates and deep drafts pay; in a large, compute-bound batch the marginal token costs as
+much as a plain step's tokens, so no draft is proposed.
+"""
+from __future__ import annotations
+
+from collections import deque
+
+PRIOR_ACCEPTANCE = 0.6
+EMA = 0.3
+PROBE_EVERY = 16          # a request with k = 0 retries one draft this often, to re-learn alpha
+
+
+class StepCostModel:
+    def __init__(self, window: int = 64) -> None:
+        self._obs: deque[tuple[int, float]] = deque(maxlen=window)
+
+    def observe(self, num_tokens: int, seconds: float) -> None:
+        if num_tokens > 0 and seconds > 0:
+            self._obs.append((num_tokens, seconds))
+
+    def coefficients(self) -> tuple[float, float] | None:
+        """(a, b) of ``time = a + b * tokens``; None until the data spans several sizes."""
+        if len(self._obs) < 8:
+            return None
+        xs = [x for x, _ in self._obs]
+        ys = [y for _, y in self._obs]
+        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+        var = sum((x - mx) ** 2 for x in xs)
+        if var < 1e-9 or max(xs) < 2 * min(xs):
+            return None
+        b = max(sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var, 1e-7)
+        a = max(my - b * mx, 0.0)
+        return a, b
+
+
+class AdaptiveDepth:
+    def __init__(self, max_k: int) -> None:
+        self.max_k = max_k
+        self.cost = StepCostModel()
+        self.draft_seconds_per_token = 0.0      # measured cost of drafting one token
+        self._alpha: dict[str, float] = {}
+        self._idle: dict[str, int] = {}
+
+    def record(self, request_id: str, drafted: int, accepted: int) -> None:
+        if drafted > 0:
+            rate = accepted / drafted
+            prev = self._alpha.get(request_id, PRIOR_ACCEPTANCE)
+            self._alpha[request_id] = (1 - EMA) * prev + EMA * rate
+
+    def forget(self, request_id: str) -> None:
+        self._alpha.pop(request_id, None)
+        self._idle.pop(request_id, None)
+
+    def depth(self, request_id: str, batch_tokens: int) -> int:
+        """Drafts to propose for this request, given the plain batch size."""
+        alpha = self._alpha.get(request_id, PRIOR_ACCEPTANCE)
+        coef = self.cost.coefficients()
+        if coef is None:
+            k = self.max_k if alpha > 0.3 else 1      # no cost data yet: go by acceptance only
+        else:
+            a, b = coef
+            step_rate = batch_tokens / (a + b * batch_tokens)    # tokens/s of a plain step
+            marginal_cost = b + self.draft_seconds_per_token
+            k = 0
+            while k < self.max_k and alpha ** (k + 1) / marginal_cost > step_rate:
+                k += 1
+        if k == 0:
+            idle = self._idle.get(request_id, 0) + 1
+            self._idle[request_id] = idle
+            if idle % PROBE_EVERY == 0:
+                return 1
+        return k
