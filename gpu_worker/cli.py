@@ -17,6 +17,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("bench", "throughput"): ("gpu_worker.bench.throughput", "engine vs transformers, in-process"),
     ("bench", "e2e"): ("gpu_worker.edge.bench_e2e", "the fleet through Redis vs the in-process engine"),
     ("bench", "spec"): ("gpu_worker.bench.spec", "speculative decoding proposers, side by side"),
+    ("bench", "quant"): ("gpu_worker.bench.quant_quality", "INT8/INT4 weight-only quantization vs fp32"),
 }
 ENGINE_COMMANDS = frozenset(path[0] for path in COMMANDS)
 

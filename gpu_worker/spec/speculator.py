@@ -20,6 +20,7 @@ class Speculator:
         self.max_k = max_k
         self.num_drafted = 0
         self.num_accepted = 0
+        self.num_verifications = 0      # request-steps that verified at least one draft
 
     def record(self, num_drafted: dict[str, int], num_accepted: dict[str, int]) -> None:
         for rid, drafted in num_drafted.items():
@@ -27,6 +28,7 @@ class Speculator:
             self.depth.record(rid, drafted, accepted)
             self.num_drafted += drafted
             self.num_accepted += accepted
+            self.num_verifications += drafted > 0
 
     def observe_step(self, num_tokens: int, seconds: float) -> None:
         self.depth.cost.observe(num_tokens, seconds)
@@ -72,4 +74,6 @@ class Speculator:
     def stats(self) -> dict:
         return {"spec_drafted_tokens": {self.name: self.num_drafted},
                 "spec_accepted_tokens": {self.name: self.num_accepted},
-                "spec_acceptance_rate": self.num_accepted / self.num_drafted if self.num_drafted else 0.0}
+                "spec_acceptance_rate": self.num_accepted / self.num_drafted if self.num_drafted else 0.0,
+                "spec_mean_accepted_length": (self.num_accepted / self.num_verifications
+                                              if self.num_verifications else 0.0)}

@@ -1,0 +1,125 @@
+"""``fleet bench spec``: speculative decoding proposers side by side, in one process.
+
+Batch-1 decode speed without and with each proposer on an input-grounded workload (repeat,
+quote, summarise or edit a given text: n-gram material) and on open chat prompts; each
+proposer's acceptance rate and mean accepted length; and mixed-workload throughput at 32
+concurrent requests with and without speculation (adaptive depth on).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+from pathlib import Path
+
+from gpu_worker.bench.workload import mixed_workload
+
+logger = logging.getLogger(__name__)
+
+TEXT = ("Redis streams are append-only logs. A consumer group lets several workers share one "
+        "stream: each entry is delivered to one consumer, stays pending until it is acknowledged, "
+        "and can be claimed by another consumer when its owner dies. Workers read only what they "
+        "can serve, so the backlog stays visible in Redis for every worker and the autoscaler.")
+GROUNDED = [f"Repeat the following text word for word:\n\n{TEXT}",
+            f"Quote the second and third sentences of this text exactly:\n\n{TEXT}",
+            f"Rewrite this text, replacing 'workers' with 'servers' and changing nothing else:\n\n{TEXT}",
+            f"Copy this text, then add one sentence at the end:\n\n{TEXT}"]
+CHAT = ["Write a short poem about the sea.", "Give three tips for learning to cook.",
+        "Explain what a black hole is to a child.", "Describe your ideal weekend."]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None)
+    p.add_argument("--draft-model", default=None, help="draft model dir (default: SmolLM2's first 8 layers)")
+    p.add_argument("--self-draft-layers", type=int, default=None)
+    p.add_argument("--num-speculative-tokens", type=int, default=4)
+    p.add_argument("--max-tokens", type=int, default=96)
+    p.add_argument("--concurrent", type=int, default=32)
+    p.add_argument("--json", type=Path, default=None)
+
+
+def run(args: argparse.Namespace) -> int:
+    from gpu_worker.llm import LLM
+
+    draft = args.draft_model or _truncated_draft(args.model, 8)
+    result: dict = {"num_speculative_tokens": args.num_speculative_tokens, "max_tokens": args.max_tokens}
+    base = LLM(args.model, kv_cache_memory=1 << 30)
+    tok = base.tokenizer
+    workloads = {"grounded": [tok.apply_chat_template([{"role": "user", "content": p}]) for p in GROUNDED],
+                 "chat": [tok.apply_chat_template([{"role": "user", "content": p}]) for p in CHAT]}
+    for name, prompts in workloads.items():
+        result[f"baseline_{name}_tok_s"] = _batch1(base, prompts, args.max_tokens)
+    for kind in ("ngram", "self", "draft"):
+        llm = LLM(args.model, kv_cache_memory=1 << 30, speculative=kind, draft_model=draft,
+                  num_speculative_tokens=args.num_speculative_tokens, self_draft_layers=args.self_draft_layers)
+        per: dict = {}
+        for name, prompts in workloads.items():
+            per[f"{name}_tok_s"] = _batch1(llm, prompts, args.max_tokens)
+            result[f"{kind}_{name}_speedup"] = per[f"{name}_tok_s"] / result[f"baseline_{name}_tok_s"]
+        stats = llm.engine.stats()
+        per["acceptance_rate"] = stats["spec_acceptance_rate"]
+        per["mean_accepted_length"] = stats["spec_mean_accepted_length"]
+        per["drafted_tokens"] = stats["spec_drafted_tokens"][kind]
+        result[kind] = per
+        logger.info("%s: %s", kind, per)
+    items = mixed_workload(args.concurrent, seed=1)
+    plain = _throughput(base, items)
+    spec_llm = LLM(args.model, kv_cache_memory=1 << 30, speculative="ngram",
+                   num_speculative_tokens=args.num_speculative_tokens)
+    with_spec = _throughput(spec_llm, items)
+    result.update(concurrent32_plain_tok_s=plain, concurrent32_spec_tok_s=with_spec,
+                  concurrent32_ratio=with_spec / plain,
+                  concurrent32_spec_drafted=spec_llm.engine.stats()["spec_drafted_tokens"]["ngram"])
+    print(json.dumps(result, indent=2))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+def _batch1(llm, prompts: list[list[int]], max_tokens: int) -> float:
+    from gpu_worker.sampling_params import SamplingParams
+
+    tokens, seconds = 0, 0.0
+    for p in prompts:
+        t0 = time.perf_counter()
+        out = llm.generate([p], SamplingParams(temperature=0, max_tokens=max_tokens))[0]
+        seconds += time.perf_counter() - t0
+        tokens += len(out.token_ids)
+    return tokens / seconds
+
+
+def _throughput(llm, items) -> float:
+    from gpu_worker.sampling_params import SamplingParams
+
+    params = [SamplingParams(temperature=0, max_tokens=i.max_tokens, ignore_eos=True) for i in items]
+    t0 = time.perf_counter()
+    outs = llm.generate([i.prompt_token_ids for i in items], params)
+    return sum(len(o.token_ids) for o in outs) / (time.perf_counter() - t0)
+
+
+def _truncated_draft(model: str | None, num_layers: int) -> str:
+    """A draft model with the target's tokenizer: its first ``num_layers`` layers, saved once."""
+    import shutil
+
+    from gpu_worker.model.default_model import cache_root
+    from gpu_worker.model.loader import load_state_dict, resolve_model_dir
+
+    src = resolve_model_dir(model)
+    out = cache_root() / "models" / f"{src.name}-first{num_layers}"
+    if (out / "model.safetensors").exists():
+        return str(out)
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if f.suffix != ".safetensors":
+            shutil.copy(f, out / f.name)
+    state = {k: v for k, v in load_state_dict(src).items()
+             if not k.startswith("model.layers.") or int(k.split(".")[2]) < num_layers}
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["num_hidden_layers"] = num_layers
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    return str(out)
