@@ -19,9 +19,10 @@ import asyncio
 import logging
 import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import redis.asyncio as aioredis
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from redis.exceptions import ResponseError
 
@@ -140,11 +141,31 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger().setLevel(logging.INFO)
     models = [m for m in (args.models or args.model_name).split(",") if m]
     registry = registry_for(args.redis_url, models, ensure=not args.no_ensure_groups)
-    server, thread = start_http_server(args.port, args.host, registry)
+    server = ThreadingHTTPServer((args.host, args.port), _handler(registry))
+    server.daemon_threads = True
     logger.info("exporting %s on http://%s:%d/metrics", ",".join(models), args.host,
                 server.server_address[1])
     try:
-        thread.join()
+        server.serve_forever()
     except KeyboardInterrupt:
-        server.shutdown()
+        pass
     return 0
+
+
+def _handler(registry: CollectorRegistry) -> type[BaseHTTPRequestHandler]:
+    """Always the classic text format: prometheus-client's OpenMetrics negotiation would
+    rewrite the ``fleet:`` colons to underscores, so names would differ by scraper."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+            body = generate_latest(registry)
+            self.send_response(200)
+            self.send_header("Content-Type", CONTENT_TYPE_LATEST)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, fmt: str, *args) -> None:
+            logger.debug("http: " + fmt, *args)
+
+    return Handler

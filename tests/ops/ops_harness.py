@@ -78,9 +78,10 @@ class AclRedisServer(RedisServer):
     ``url`` is the worker's (so the worker harness runs workers as ``fleet-worker``);
     ``url_for(user)`` any user's (``rediss://...?ssl_ca_certs=...`` with TLS)."""
 
-    def __init__(self, acl_path: Path, passwords: dict[str, str], cert: Path | None = None):
+    def __init__(self, acl_path: Path, passwords: dict[str, str], cert: Path | None = None,
+                 conf: Path | None = None):
         super().__init__()
-        self.acl_path, self.passwords, self.cert = acl_path, passwords, cert
+        self.acl_path, self.passwords, self.cert, self.conf = acl_path, passwords, cert, conf
 
     def url_for(self, user: str) -> str:
         if self.cert is None:
@@ -94,9 +95,8 @@ class AclRedisServer(RedisServer):
 
     def start(self) -> "AclRedisServer":
         self.proc = subprocess.Popen(
-            [self.binary, *self._listen(), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", self.dir, "--aclfile", str(self.acl_path),
-             "--loglevel", "warning"],
+            [self.binary, *self._config(), *self._listen(), "--bind", "127.0.0.1",
+             "--dir", self.dir, "--aclfile", str(self.acl_path), "--loglevel", "warning"],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.monotonic() + 10
         while not _answers(self.port, tls=self.cert is not None):
@@ -105,6 +105,10 @@ class AclRedisServer(RedisServer):
                 raise RuntimeError(f"redis-server with {self.acl_path} did not start: {err}")
             time.sleep(0.02)
         return self
+
+    def _config(self) -> list[str]:
+        """ops/redis/redis.conf (paths overridden here) or a throwaway, unpersisted server."""
+        return [str(self.conf)] if self.conf else ["--save", "", "--appendonly", "no"]
 
     def _listen(self) -> list[str]:
         if self.cert is None:

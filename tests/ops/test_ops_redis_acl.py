@@ -11,6 +11,7 @@ import redis
 from fleet_harness import WorkerFactory
 from ops_harness import AclRedisServer, make_tls_cert, render_acl
 from redis.exceptions import NoPermissionError, ResponseError
+from redis_server import REPO
 
 from producer import FleetClient
 from producer.exporter import QueueCollector
@@ -87,6 +88,30 @@ def test_roles_work_and_a_tenant_reaches_only_its_own(acl_server, acl_workers):
     # its own cancel key is writable (how a tenant cancels)
     assert acme.set(keys.cancel_key("acme", "later"), b"1", ex=60)
     assert theirs.token_ids and len(theirs.token_ids) == 6
+
+
+def test_redis_conf_never_evicts_and_persists_every_second(tmp_path):
+    cert = make_tls_cert(tmp_path)
+    if cert is None:
+        pytest.skip("openssl not installed: ops/redis/redis.conf is TLS-only")
+    acl = tmp_path / "users.acl"
+    conf = tmp_path / "redis.conf"  # as mounted in ops/k8s/redis.yaml, but in tmp_path
+    (tmp_path / "data").mkdir()
+    conf.write_text((REPO / "ops" / "redis" / "redis.conf").read_text()
+                    .replace("dir /data", f"dir {tmp_path / 'data'}"))
+    server = AclRedisServer(acl, render_acl(acl), cert, conf=conf).start()
+    try:
+        admin = _client(server, "fleet-admin")
+        config = {k: admin.config_get(k)[k] for k in
+                  ("maxmemory-policy", "appendonly", "appendfsync", "port", "aclfile")}
+        assert config == {"maxmemory-policy": "noeviction", "appendonly": "yes",
+                          "appendfsync": "everysec", "port": "0", "aclfile": str(acl)}
+        assert admin.acl_whoami() == "fleet-admin"
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis.from_url(server.url_for("fleet-admin").replace(
+                server.passwords["fleet-admin"], "wrong")).ping()
+    finally:
+        server.stop()
 
 
 def test_exporter_and_keda_users_read_the_queue(acl_server):

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Tools the operations tests (tests/ops) use when present; each test skips cleanly without
+# them: promtool + prometheus (Debian's `prometheus` package), openssl (TLS Redis), and
+# kubernetes-validate (offline Kubernetes schemas) in the project's venv.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+apt_install() {
+    apt-get install -y -q --no-install-recommends "$@" >/dev/null 2>&1 \
+        || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends "$@" >/dev/null 2>&1; }
+}
+
+if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then
+    apt_install prometheus || echo "warning: no prometheus/promtool; their tests will skip"
+    # The package may start a system Prometheus where systemd runs; the tests start their own.
+    systemctl disable --now prometheus >/dev/null 2>&1 || true
+fi
+command -v openssl >/dev/null 2>&1 || apt_install openssl || echo "warning: no openssl; the ACL test runs without TLS"
+if [ -x .venv/bin/python ]; then
+    .venv/bin/python -m pip install -q "kubernetes-validate>=1.30" \
+        || echo "warning: no kubernetes-validate; the manifest schema test will skip"
+fi
+exit 0

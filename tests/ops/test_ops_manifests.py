@@ -1,0 +1,165 @@
+"""The manifests name only what exists: images, sub-commands, flags, ports, probe paths,
+streams and metrics are checked against the code (the real argument parsers, the real
+metric registries, the key module)."""
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+from redis_server import REPO
+
+from gpu_worker.cli import build_parser as engine_parser
+from gpu_worker.metrics import WorkerMetrics
+from producer import exporter
+from producer.cli import build_parser as producer_parser
+from shared import keys
+
+K8S = REPO / "ops" / "k8s"
+VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+IMAGE = f"redis-llm-fleet:{VERSION}"
+PROBE_PATHS = {"worker": {"/healthz", "/readyz", "/metrics"}, "exporter": {"/metrics"},
+               "gateway": {"/health", "/ready"}}
+
+
+def _docs() -> list[dict]:
+    return [d for f in sorted(K8S.glob("*.yaml")) for d in yaml.safe_load_all(f.read_text()) if d]
+
+
+def _containers() -> list[tuple[dict, dict]]:
+    """(workload, container) for every pod template."""
+    return [(d, c) for d in _docs() if d["kind"] in ("Deployment", "StatefulSet")
+            for c in d["spec"]["template"]["spec"]["containers"]]
+
+
+def _flag(args: list[str], name: str) -> str:
+    return args[args.index(name) + 1]
+
+
+def metric_names() -> set[str]:
+    """Every sample name the worker and the exporter can expose."""
+    names = set()
+    for family in WorkerMetrics("x").registry.collect():
+        suffixes = {"counter": ["_total"], "histogram": ["", "_bucket", "_count", "_sum"]}
+        names |= {family.name + s for s in suffixes.get(family.type, [""])}
+    report = {"model": "x", "dead_letters": 0, "workers": {},
+              "streams": {lane: {"length": 0, "lag": 0, "pending": 0, "consumers": 0}
+                          for lane in keys.LANES}}
+    names |= {f.name for f in exporter.families([report])}
+    return names | {"fleet:queue_up", "fleet:exporter_scrape_seconds"}
+
+
+def test_core_manifests_pass_kubernetes_validate():
+    kv = pytest.importorskip("kubernetes_validate")
+    checked = 0
+    for doc in _docs():
+        if doc["apiVersion"].startswith("keda.sh/"):
+            continue  # a CRD: no offline schema; checked structurally below
+        kv.validate(doc, kv.latest_version(), strict=True)
+        checked += 1
+    assert checked >= 10
+
+
+def test_containers_run_real_commands_flags_and_ports():
+    seen = set()
+    for workload, container in _containers():
+        if container["image"].startswith("redis:"):
+            continue  # the Redis server itself (ops/k8s/redis.yaml)
+        assert container["image"] == IMAGE
+        args = container["args"]
+        command = args[0]
+        seen.add(command)
+        parser = engine_parser() if command == "worker" else producer_parser()
+        parser.parse_args(args)  # exits (fails the test) on any flag the CLI lacks
+        port = int(_flag(args, "--metrics-port" if command == "worker" else "--port"))
+        named = {p["name"]: p["containerPort"] for p in container["ports"]}
+        assert port in named.values()
+        for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
+            probe = container.get(kind, {}).get("httpGet")
+            if probe:
+                assert probe["path"] in PROBE_PATHS[command]
+                assert named[probe["port"]] == port
+        annotations = workload["spec"]["template"]["metadata"].get("annotations", {})
+        if "prometheus.io/port" in annotations:
+            assert int(annotations["prometheus.io/port"]) == port
+        if command == "worker":
+            grace = workload["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+            assert grace > float(_flag(args, "--drain-grace-s")) + 10  # + the hand-back wait
+            assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert seen == {"worker", "gateway", "exporter"}
+
+
+def test_probe_paths_exist_in_the_code():
+    health = (REPO / "gpu_worker" / "health.py").read_text()
+    assert '"/healthz"' in health and '"/readyz"' in health and '"/metrics"' in health
+    app = (REPO / "producer" / "gateway" / "app.py").read_text()
+    assert 'Route("/health"' in app and 'Route("/ready"' in app
+
+
+def test_keda_scales_every_lane_on_lag_and_pending_from_zero():
+    docs = {d["kind"]: d for d in _docs() if d["apiVersion"].startswith("keda.sh/")}
+    spec = docs["ScaledObject"]["spec"]
+    assert spec["minReplicaCount"] == 0
+    workers = [w for w, c in _containers() if c["args"][0] == "worker"]
+    assert spec["scaleTargetRef"]["name"] == workers[0]["metadata"]["name"]
+    by_stream: dict[str, set[str]] = {}
+    for trigger in spec["triggers"]:
+        meta = trigger["metadata"]
+        assert trigger["type"] == "redis-streams" and meta["consumerGroup"] == keys.GROUP
+        assert trigger["authenticationRef"]["name"] == docs["TriggerAuthentication"]["metadata"]["name"]
+        by_stream.setdefault(meta["stream"], set()).update(
+            k for k in ("lagCount", "pendingEntriesCount") if k in meta)
+        if "lagCount" in meta:
+            assert meta["activationLagCount"] == "0"  # one waiting request wakes the fleet
+    assert by_stream == {keys.stream_key("default", lane): {"lagCount", "pendingEntriesCount"}
+                         for lane in keys.LANES}
+    secrets = {d["metadata"]["name"]: d for d in _docs() if d["kind"] == "Secret"}
+    for ref in docs["TriggerAuthentication"]["spec"]["secretTargetRef"]:
+        assert ref["key"] in secrets[ref["name"]]["stringData"]
+    redis_port = next(p["port"] for d in _docs() if d["kind"] == "Service"
+                      and d["metadata"]["name"] == "redis" for p in d["spec"]["ports"])
+    assert all(t["metadata"]["address"].endswith(f":{redis_port}") for t in spec["triggers"])
+
+
+def test_dockerfile_matches_the_code():
+    text = (REPO / "ops" / "Dockerfile").read_text()
+    assert re.search(r"^FROM nvidia/cuda:[\w.\-]+runtime", text, re.M)
+    assert 'ENTRYPOINT ["tini", "--", "fleet"]' in text
+    cmd = json.loads(re.search(r"^CMD (.+)$", text, re.M).group(1))
+    engine_parser().parse_args(cmd)
+    exposed = set(re.search(r"^EXPOSE (.+)$", text, re.M).group(1).split())
+    ports = {str(p["containerPort"]) for _, c in _containers() if c["image"] == IMAGE
+             for p in c["ports"]}
+    assert ports <= exposed
+    assert "USER 10001" in text and 'VOLUME ["/models"]' in text
+    assert "FLEET_CACHE_DIR" in (REPO / "gpu_worker" / "model" / "default_model.py").read_text()
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    assert "fleet" in scripts
+
+
+@pytest.mark.parametrize("path", ["ops/prometheus/alerts.yml", "ops/grafana/fleet-dashboard.json",
+                                  "docs/operations.md"])
+def test_only_existing_metrics_are_named(path):
+    text = (REPO / path).read_text()
+    named = set(re.findall(r"fleet:[a-z][a-z0-9_]*(?::[a-z0-9_]+)*", text))
+    named = {n for n in named if not n.startswith(("fleet:default", "fleet:req", "fleet:gateway"))}
+    assert named, path
+    assert named <= metric_names(), sorted(named - metric_names())
+
+
+def test_dashboard_is_what_the_generator_writes():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("build_dashboard",
+                                                  REPO / "ops" / "grafana" / "build_dashboard.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert (REPO / "ops" / "grafana" / "fleet-dashboard.json").read_text() == module.render()
+    panels = json.loads(module.render())["panels"]
+    shown = {m for p in panels for t in p.get("targets", [])
+             for m in re.findall(r"fleet:[a-z0-9_]+", t["expr"])}
+    worker = {f.name for f in WorkerMetrics("x").registry.collect()}
+    assert {re.sub(r"_(total|bucket)$", "", m) for m in shown} >= worker  # a panel for each
