@@ -25,6 +25,16 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-num-batched-tokens", type=int, default=512)
     g.add_argument("--block-size", type=int, default=16)
     g.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    g.add_argument("--device", default="cpu", help="cpu or cuda[:N] (cuda uses the Triton kernels)")
+    g.add_argument("--no-prefix-caching", action="store_true", help="turn prefix caching off")
+    g.add_argument("--speculative", choices=("ngram", "draft", "self"), default=None,
+                   help="speculative decoding proposer (default: off)")
+    g.add_argument("--num-speculative-tokens", type=int, default=4)
+    g.add_argument("--draft-model", default=None, help="draft model dir for --speculative draft")
+    g.add_argument("--self-draft-layers", type=int, default=None,
+                   help="early-exit layer for --speculative self (default: a quarter of the layers)")
+    g.add_argument("--quantization", choices=("int8", "int4"), default=None,
+                   help="weight-only quantization at load")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -55,7 +65,14 @@ def engine_config(args: argparse.Namespace):
     kv = None if args.kv_cache_memory is None else parse_bytes(str(args.kv_cache_memory))
     return EngineConfig(model=args.model, kv_cache_memory=kv, max_num_seqs=args.max_num_seqs,
                         max_num_batched_tokens=args.max_num_batched_tokens,
-                        block_size=args.block_size, num_threads=args.threads)
+                        block_size=args.block_size, num_threads=args.threads,
+                        device=getattr(args, "device", "cpu"),
+                        enable_prefix_caching=not getattr(args, "no_prefix_caching", False),
+                        speculative=getattr(args, "speculative", None),
+                        num_speculative_tokens=getattr(args, "num_speculative_tokens", 4),
+                        draft_model=getattr(args, "draft_model", None),
+                        self_draft_layers=getattr(args, "self_draft_layers", None),
+                        quantization=getattr(args, "quantization", None))
 
 
 def worker_options(args: argparse.Namespace) -> WorkerOptions:
