@@ -1,0 +1,109 @@
+"""One pipeline stage: a contiguous range of decoder layers and only the weights it runs.
+
+The stage's model is a :class:`LlamaForCausalLM` whose config has just this stage's layers
+(stage layer i is global layer start + i); the first stage keeps the embedding, the last the
+final norm and LM head (and the embedding when they are tied). Everything else is dropped
+after loading, so a stage holds its own layers' weights and, through its runner, only their
+KV caches.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gpu_worker.model.config import ModelConfig
+from gpu_worker.model.llama import LlamaForCausalLM
+from gpu_worker.model.ops import ModelOps
+
+_LAYER_KEY = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+
+
+def split_layers(num_layers: int, num_stages: int) -> list[tuple[int, int]]:
+    """[start, end) per stage, as even as possible (earlier stages get the remainder)."""
+    if not 1 <= num_stages <= num_layers:
+        raise ValueError(f"cannot split {num_layers} layers into {num_stages} stages")
+    base, extra = divmod(num_layers, num_stages)
+    bounds, start = [], 0
+    for s in range(num_stages):
+        end = start + base + (s < extra)
+        bounds.append((start, end))
+        start = end
+    return bounds
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    rank: int
+    num_stages: int
+    start: int   # first global layer
+    end: int     # one past the last
+
+    @property
+    def is_first(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.rank == self.num_stages - 1
+
+
+def _stage_state(state: dict[str, torch.Tensor], spec: StageSpec) -> dict[str, torch.Tensor]:
+    """Keep the stage's layers (renumbered from 0) and the non-layer weights."""
+    out = {}
+    for name, tensor in state.items():
+        m = _LAYER_KEY.match(name)
+        if m is None:
+            out[name] = tensor
+        elif spec.start <= int(m.group(1)) < spec.end:
+            out[f"model.layers.{int(m.group(1)) - spec.start}.{m.group(2)}"] = tensor
+    return out
+
+
+def _load_needed(model_dir: Path, spec: StageSpec) -> dict[str, torch.Tensor]:
+    """Only this stage's tensors are read from the safetensors files."""
+    from safetensors import safe_open
+
+    state = {}
+    for f in sorted(Path(model_dir).glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as handle:
+            for name in handle.keys():
+                m = _LAYER_KEY.match(name)
+                if m is None or spec.start <= int(m.group(1)) < spec.end:
+                    state[name] = handle.get_tensor(name)
+    return state
+
+
+def build_stage_model(model_dir: Path, cfg: ModelConfig, spec: StageSpec, ops: ModelOps,
+                      max_positions: int, device: torch.device) -> LlamaForCausalLM:
+    stage_cfg = dataclasses.replace(cfg, num_layers=spec.end - spec.start)
+    model = LlamaForCausalLM(stage_cfg, ops, max_positions=max_positions)
+    model.load_hf_state_dict(_stage_state(_load_needed(model_dir, spec), spec))
+    unused = nn.Parameter(torch.empty(0), requires_grad=False)
+    if not spec.is_last:
+        model.norm = unused
+        model.lm_head = unused
+    if not spec.is_first and not (spec.is_last and cfg.tie_word_embeddings):
+        model.embed = unused
+    return model.eval().to(device)
+
+
+@torch.inference_mode()
+def run_stage(model: LlamaForCausalLM, spec: StageSpec, x: torch.Tensor | None, residual: torch.Tensor | None,
+              input_ids: torch.Tensor | None, positions: torch.Tensor, kv_caches, plan,
+              logit_rows: torch.Tensor | None):
+    """First stage: embed input_ids. Every stage: its layers. Last stage: returns logits
+    [len(logit_rows), vocab] float32; the others return (x, residual) for the next stage."""
+    if spec.is_first:
+        x, residual = F.embedding(input_ids, model.embed), None
+    x, residual = model.forward_layers(x, residual, positions, kv_caches, plan, 0, len(model.layers))
+    if not spec.is_last:
+        return x, residual
+    hidden = model.ops.add_rms_norm(x.index_select(0, logit_rows), residual.index_select(0, logit_rows),
+                                    model.norm, model.cfg.rms_norm_eps)[0]
+    return model.compute_logits(hidden)
