@@ -1,6 +1,9 @@
-"""GPU check: kernel microbenchmarks and Llama-3-8B-shaped decode throughput, as JSON.
+"""GPU check: kernel microbenchmarks, the engine end to end on CUDA (Triton ops, quantized
+engines, CUDA-graph decode vs eager), the self-draft speed-up (INT4/INT8 vs bf16 decode of a
+Llama-3-8B-shaped model) and Llama-3-8B-shaped decode throughput, as JSON.
 
     python ops/bench/gpu_check.py [--out DIR] [--dry-run] [--context N] [--skip-micro] [--skip-model]
+                                  [--skip-engine] [--skip-self-draft]
 
 Needs only torch and triton (no network, no model files). Results go to
 DIR/gpu_check.json (DIR: --out, else $OUT, else ./gpu_check_out) and a summary to stdout.
@@ -27,6 +30,9 @@ FULL = {
     "matmul": [(m, n, k) for m in (1, 16, 64) for n, k in ((6144, 4096), (28672, 4096), (4096, 14336))],
     "batch_sizes": [1, 16, 64, 256],
     "copy_bytes": 4 << 30,
+    "self_draft_batch_sizes": [1, 16],
+    "int4_group_size": 128,
+    "engine": True,
 }
 TINY = {
     "attention": dict(num_heads=6, num_kv_heads=2, head_dim=16, block_size=16),
@@ -36,6 +42,9 @@ TINY = {
     "batch_sizes": [1, 3],
     "copy_bytes": 1 << 20,
     "model": dict(num_layers=2, hidden=64, num_heads=4, num_kv_heads=2, intermediate=96, vocab=128),
+    "self_draft_batch_sizes": [1],
+    "int4_group_size": 32,
+    "engine": False,  # minutes under the interpreter; `python ops/bench/engine_check.py` runs it on a CPU
 }
 
 
@@ -46,6 +55,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--context", type=int, default=None, help="decode-run context length (default 1024)")
     parser.add_argument("--skip-micro", action="store_true")
     parser.add_argument("--skip-model", action="store_true")
+    parser.add_argument("--skip-engine", action="store_true")
+    parser.add_argument("--skip-self-draft", action="store_true")
     return parser.parse_args(argv)
 
 
@@ -98,10 +109,22 @@ def main(argv: list[str] | None = None) -> int:
         result["micro"] = run_micro(plan, plan.get("attention", LLAMA3_8B_ATTENTION), dtype, device)
         log.info("microbenchmarks done at %.0f s", time.perf_counter() - started)
         bench_utils.write_json(args.out, "gpu_check.json", result)
+    if plan["engine"] and not args.skip_engine:
+        import engine_check
+
+        result["engine"] = guarded("engine", engine_check.run, device, args.dry_run)
+        log.info("engine check done at %.0f s", time.perf_counter() - started)
+        bench_utils.write_json(args.out, "gpu_check.json", result)
+    cfg = llama_decode_bench.LlamaShape(**plan.get("model", {}))
+    context = args.context or (24 if args.dry_run else 1024)
+    if not args.skip_self_draft:
+        result["self_draft"] = guarded("self-draft", llama_decode_bench.run_self_draft, cfg,
+                                       plan["self_draft_batch_sizes"], context, dtype, device, peak,
+                                       ("int4", "int8"), plan["int4_group_size"])
+        log.info("self-draft speed-up done at %.0f s", time.perf_counter() - started)
+        bench_utils.write_json(args.out, "gpu_check.json", result)
     if not args.skip_model:
-        cfg = llama_decode_bench.LlamaShape(**plan.get("model", {}))
         result["model"] = {**vars(cfg), "head_dim": cfg.head_dim}
-        context = args.context or (24 if args.dry_run else 1024)
         result["decode"] = guarded("decode model", llama_decode_bench.run, cfg, plan["batch_sizes"], context,
                                    dtype, device, peak)
     result["wall_s"] = time.perf_counter() - started
@@ -114,6 +137,13 @@ def main(argv: list[str] | None = None) -> int:
 def summarize(result: dict) -> None:
     """A few human-readable lines; the JSON holds everything."""
     print(f"peak copy bandwidth: {result['peak_copy_GBps']:.0f} GB/s")
+    if "engine" in result:
+        print("engine:", result["engine"])
+    draft = result.get("self_draft", {})
+    for key in ("int4_speedup_vs_dense", "int8_speedup_vs_dense"):
+        if key in draft:
+            print(f"self-draft {key} at batch {[r['batch'] for r in draft['dense']]}: "
+                  + ", ".join(f"{x:.2f}x" for x in draft[key]))
     for row in result.get("micro", []):
         print("  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
     decode = result.get("decode", [])

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from bench_utils import release, time_cuda_graph, time_seconds
 from kernels import (
-    fused_add_rmsnorm, paged_decode_attention, rotary_embedding, silu_and_mul, store_kvcache,
+    fused_add_rmsnorm, int4_matmul, int8_matmul, quantize_int4, quantize_int8, paged_decode_attention, rotary_embedding, silu_and_mul, store_kvcache,
 )
 from kernels.reference import rope_cos_sin_cache
 
@@ -51,6 +51,31 @@ def random_weights(cfg: LlamaShape, dtype: torch.dtype, device: torch.device, ma
             "cos_sin": rope_cos_sin_cache(max_positions, cfg.head_dim, cfg.rope_theta).to(device)}
 
 
+def linear(x: torch.Tensor, weight) -> torch.Tensor:
+    """x @ W.T for a dense weight, or a quantized one: ("int8", q, scale) / ("int4", packed,
+    scales, mins, group_size) from `quantize_linears`."""
+    if isinstance(weight, torch.Tensor):
+        return F.linear(x, weight)
+    if weight[0] == "int8":
+        return int8_matmul(x, *weight[1:])
+    return int4_matmul(x, *weight[1:])
+
+
+def quantize_linears(w: dict, method: str, group_size: int = 128) -> dict:
+    """The same model with every layer linear weight-only quantized (LM head kept dense,
+    as gpu_worker.model.quant does)."""
+    def quantize(t: torch.Tensor):
+        return ("int8", *quantize_int8(t)) if method == "int8" else ("int4", *quantize_int4(t, group_size), group_size)
+
+    layers = [{k: (t if "norm" in k else quantize(t)) for k, t in layer.items()} for layer in w["layers"]]
+    return {**w, "layers": layers}
+
+
+def _nbytes(weight) -> int:
+    tensors = [weight] if isinstance(weight, torch.Tensor) else [t for t in weight if isinstance(t, torch.Tensor)]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
 def decode_step(cfg: LlamaShape, w: dict, caches: list, batch: dict) -> torch.Tensor:
     """One token per sequence through the whole model; returns logits [num_seqs, vocab]."""
     heads, kv_heads, dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -58,16 +83,16 @@ def decode_step(cfg: LlamaShape, w: dict, caches: list, batch: dict) -> torch.Te
     h, residual = w["embed"][batch["tokens"]], None
     for layer, (k_cache, v_cache) in zip(w["layers"], caches):
         x, residual = fused_add_rmsnorm(h, residual, layer["input_norm"], cfg.eps)
-        qkv = F.linear(x, layer["qkv"])
+        qkv = linear(x, layer["qkv"])
         q = qkv[:, :heads * dim].view(num_seqs, heads, dim)
         k = qkv[:, heads * dim:(heads + kv_heads) * dim].view(num_seqs, kv_heads, dim)
         v = qkv[:, (heads + kv_heads) * dim:].view(num_seqs, kv_heads, dim)
         q, k = rotary_embedding(q, k, batch["positions"], w["cos_sin"])
         store_kvcache(k, v, k_cache, v_cache, batch["slot_mapping"])
         attn = paged_decode_attention(q, k_cache, v_cache, batch["block_tables"], batch["seq_lens"], dim ** -0.5)
-        h = F.linear(attn.view(num_seqs, heads * dim), layer["o"])
+        h = linear(attn.view(num_seqs, heads * dim), layer["o"])
         x, residual = fused_add_rmsnorm(h, residual, layer["post_norm"], cfg.eps)
-        h = F.linear(silu_and_mul(F.linear(x, layer["gate_up"])), layer["down"])
+        h = linear(silu_and_mul(linear(x, layer["gate_up"])), layer["down"])
     x, _ = fused_add_rmsnorm(h, residual, w["final_norm"], cfg.eps)
     return F.linear(x, w["lm_head"])
 
@@ -94,9 +119,9 @@ def make_batch(cfg: LlamaShape, num_seqs: int, context_len: int, num_blocks: int
 
 def step_bytes(cfg: LlamaShape, w: dict, num_seqs: int, context_len: int, elem: int) -> int:
     """Bytes a step must read at least: every linear weight once, and each sequence's K/V."""
-    linears = sum(t.numel() for layer in w["layers"] for key, t in layer.items() if "norm" not in key)
+    linears = sum(_nbytes(t) for layer in w["layers"] for key, t in layer.items() if "norm" not in key)
     kv = 2 * cfg.num_layers * num_seqs * context_len * cfg.num_kv_heads * cfg.head_dim
-    return (linears + w["lm_head"].numel() + kv) * elem
+    return linears + (w["lm_head"].numel() + kv) * elem
 
 
 def measure(cfg: LlamaShape, w: dict, caches: list, batch: dict, dtype: torch.dtype,
@@ -133,3 +158,25 @@ def run(cfg: LlamaShape, batch_sizes: list[int], context_len: int, dtype: torch.
     del w, caches
     release(device)
     return rows
+
+
+def run_self_draft(cfg: LlamaShape, batch_sizes: list[int], context_len: int, dtype: torch.dtype,
+                   device: torch.device, peak_bytes_per_s: float, methods=("int4", "int8"), group_size: int = 128) -> dict:
+    """Decode tokens/s of the same random model dense vs weight-only quantized: the speed-up
+    a quantized self-draft would have over its dense target (CUDA-graph replay when available)."""
+    w = random_weights(cfg, dtype, device, context_len)
+    num_blocks = max(batch_sizes) * math.ceil(context_len / cfg.block_size)
+    caches = make_caches(cfg, num_blocks, dtype, device)
+    batches = {b: make_batch(cfg, b, context_len, num_blocks, device) for b in batch_sizes}
+    out = {"dense": [measure(cfg, w, caches, batches[b], dtype, device, peak_bytes_per_s) for b in batch_sizes]}
+    for method in methods:
+        qw = quantize_linears(w, method, group_size)
+        out[method] = [measure(cfg, qw, caches, batches[b], dtype, device, peak_bytes_per_s) for b in batch_sizes]
+        mode = "graph" if "graph_step_ms" in out[method][0] else "eager"
+        out[f"{method}_speedup_vs_dense"] = [d[f"{mode}_step_ms"] / q[f"{mode}_step_ms"]
+                                             for d, q in zip(out["dense"], out[method])]
+        del qw
+        release(device)
+    del w, caches
+    release(device)
+    return out
