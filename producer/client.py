@@ -8,6 +8,7 @@
 """
 from __future__ import annotations
 
+import logging
 import os
 import time
 import uuid
@@ -15,11 +16,14 @@ from typing import Any
 
 import msgspec
 import redis.asyncio as aioredis
+import redis.exceptions
 
 from producer.stream import RequestStream
 from producer.subscriptions import Subscriptions
 from shared import codec, keys
 from shared.protocol import Cancel, Failure, Request, Result, Token
+
+logger = logging.getLogger(__name__)
 
 
 def default_redis_url() -> str:
@@ -103,11 +107,14 @@ class AsyncFleetClient:
                      ttl_s: int = 24 * 3600) -> None:
         """Cancel a queued or running request; it ends with finish reason ``cancelled``."""
         tenant = tenant or self.tenant
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.set(keys.cancel_key(tenant, request_id), b"1", ex=ttl_s)
-        pipe.publish(keys.control_channel(self.model),
-                     codec.encode(Cancel(request_id=request_id, tenant=tenant)))
-        await pipe.execute()
+        # The key is what makes cancellation certain; the notice only makes it quick, and a
+        # tenant's ACL user may not be allowed to publish it.
+        await self.redis.set(keys.cancel_key(tenant, request_id), b"1", ex=ttl_s)
+        try:
+            await self.redis.publish(keys.control_channel(self.model),
+                                     codec.encode(Cancel(request_id=request_id, tenant=tenant)))
+        except redis.exceptions.NoPermissionError:
+            logger.debug("no permission to publish the cancel notice; workers see the key")
 
     async def get_result(self, request_id: str, tenant: str | None = None) -> Result | Failure | None:
         """The stored terminal event, or None while the request has not ended."""

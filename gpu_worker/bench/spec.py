@@ -43,20 +43,23 @@ def run(args: argparse.Namespace) -> int:
     from gpu_worker.llm import LLM
 
     draft = args.draft_model or _truncated_draft(args.model, 8)
-    result: dict = {"num_speculative_tokens": args.num_speculative_tokens, "max_tokens": args.max_tokens}
+    result: dict = {"num_speculative_tokens": args.num_speculative_tokens, "max_tokens": args.max_tokens,
+                    "draft_model": Path(draft).name}
     base = LLM(args.model, kv_cache_memory=1 << 30)
     tok = base.tokenizer
     workloads = {"grounded": [tok.apply_chat_template([{"role": "user", "content": p}]) for p in GROUNDED],
                  "chat": [tok.apply_chat_template([{"role": "user", "content": p}]) for p in CHAT]}
-    for name, prompts in workloads.items():
-        result[f"baseline_{name}_tok_s"] = _batch1(base, prompts, args.max_tokens)
     for kind in ("ngram", "self", "draft"):
-        llm = LLM(args.model, kv_cache_memory=1 << 30, speculative=kind, draft_model=draft,
+        llm = LLM(args.model, kv_cache_memory=256 << 20, speculative=kind, draft_model=draft,
                   num_speculative_tokens=args.num_speculative_tokens, self_draft_layers=args.self_draft_layers)
         per: dict = {}
         for name, prompts in workloads.items():
-            per[f"{name}_tok_s"] = _batch1(llm, prompts, args.max_tokens)
-            result[f"{kind}_{name}_speedup"] = per[f"{name}_tok_s"] / result[f"baseline_{name}_tok_s"]
+            # Paired: baseline and proposer alternate prompt by prompt, so drift in the
+            # machine's speed hits both alike.
+            base_rate, spec_rate = _paired_batch1(base, llm, prompts, args.max_tokens)
+            result.setdefault(f"baseline_{name}_tok_s", []).append(base_rate)
+            per[f"{name}_tok_s"] = spec_rate
+            result[f"{kind}_{name}_speedup"] = spec_rate / base_rate
         stats = llm.engine.stats()
         per["acceptance_rate"] = stats["spec_acceptance_rate"]
         per["mean_accepted_length"] = stats["spec_mean_accepted_length"]
@@ -64,10 +67,12 @@ def run(args: argparse.Namespace) -> int:
         result[kind] = per
         logger.info("%s: %s", kind, per)
     items = mixed_workload(args.concurrent, seed=1)
-    plain = _throughput(base, items)
     spec_llm = LLM(args.model, kv_cache_memory=1 << 30, speculative="ngram",
                    num_speculative_tokens=args.num_speculative_tokens)
-    with_spec = _throughput(spec_llm, items)
+    plain, with_spec = 0.0, 0.0
+    for _ in range(2):          # alternate, twice: the machine's speed drifts
+        plain += _throughput(base, items) / 2
+        with_spec += _throughput(spec_llm, items) / 2
     result.update(concurrent32_plain_tok_s=plain, concurrent32_spec_tok_s=with_spec,
                   concurrent32_ratio=with_spec / plain,
                   concurrent32_spec_drafted=spec_llm.engine.stats()["spec_drafted_tokens"]["ngram"])
@@ -78,16 +83,19 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _batch1(llm, prompts: list[list[int]], max_tokens: int) -> float:
+def _paired_batch1(base, llm, prompts: list[list[int]], max_tokens: int) -> tuple[float, float]:
+    """Batch-1 decode tokens/s of ``base`` and ``llm``, measured prompt by prompt in turn."""
     from gpu_worker.sampling_params import SamplingParams
 
-    tokens, seconds = 0, 0.0
+    params = SamplingParams(temperature=0, max_tokens=max_tokens)
+    totals = {id(base): [0, 0.0], id(llm): [0, 0.0]}
     for p in prompts:
-        t0 = time.perf_counter()
-        out = llm.generate([p], SamplingParams(temperature=0, max_tokens=max_tokens))[0]
-        seconds += time.perf_counter() - t0
-        tokens += len(out.token_ids)
-    return tokens / seconds
+        for engine in (base, llm):
+            t0 = time.perf_counter()
+            out = engine.generate([p], params)[0]
+            totals[id(engine)][1] += time.perf_counter() - t0
+            totals[id(engine)][0] += len(out.token_ids)
+    return tuple(n / s for n, s in (totals[id(base)], totals[id(llm)]))
 
 
 def _throughput(llm, items) -> float:

@@ -96,7 +96,10 @@ async def control_loop(state: WorkerState) -> None:
                 except (msgspec.DecodeError, msgspec.ValidationError):
                     logger.warning("ignoring a malformed control message")
                     continue
-                state.cancel(engine_key(notice.tenant, notice.request_id))
+                # A notice is only a hint: act on it only if the request's own cancel key
+                # (which a tenant can write only under its own hash tag) says so.
+                if await state.io.client.exists(keys.cancel_key(notice.tenant, notice.request_id)):
+                    state.cancel(engine_key(notice.tenant, notice.request_id))
         except TRANSIENT as exc:
             logger.warning("control channel lost (%s); resubscribing", exc)
             await backoff.sleep()

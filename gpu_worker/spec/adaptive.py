@@ -48,12 +48,16 @@ class AdaptiveDepth:
         self.draft_seconds_per_token = 0.0      # measured cost of drafting one token
         self._alpha: dict[str, float] = {}
         self._idle: dict[str, int] = {}
+        # Acceptance over all requests: a new request starts from what this proposer has
+        # achieved lately, so a drafter that rarely hits is not tried afresh on each request.
+        self.global_alpha = PRIOR_ACCEPTANCE
 
     def record(self, request_id: str, drafted: int, accepted: int) -> None:
         if drafted > 0:
             rate = accepted / drafted
-            prev = self._alpha.get(request_id, PRIOR_ACCEPTANCE)
+            prev = self._alpha.get(request_id, self.global_alpha)
             self._alpha[request_id] = (1 - EMA) * prev + EMA * rate
+            self.global_alpha = (1 - EMA / 4) * self.global_alpha + EMA / 4 * rate
 
     def forget(self, request_id: str) -> None:
         self._alpha.pop(request_id, None)
@@ -61,7 +65,7 @@ class AdaptiveDepth:
 
     def depth(self, request_id: str, batch_tokens: int) -> int:
         """Drafts to propose for this request, given the plain batch size."""
-        alpha = self._alpha.get(request_id, PRIOR_ACCEPTANCE)
+        alpha = self._alpha.get(request_id, self.global_alpha)
         coef = self.cost.coefficients()
         if coef is None:
             k = self.max_k if alpha > 0.3 else 1      # no cost data yet: go by acceptance only
