@@ -82,7 +82,9 @@ def test_smollm2_int8_and_int4_agree_with_fp32():
     prompts = [fp32.encode([{"role": "user", "content": q}]) for q in PROMPTS[:3]]
     ref = [o.token_ids for o in fp32.generate(prompts, SamplingParams(temperature=0, ignore_eos=True,
                                                                       max_tokens=16))]
-    for spec, target in (("int8", 0.95), ("int4-g32", 0.85)):
+    # 32 prompts x 64 tokens (fleet bench quant): int8 97.6%, int4 (group 128/64) 74.9%, int4-g32
+    # 100% only because SmolLM2 ships as GGUF Q4_1 (4-bit, groups of 32): g32 re-finds its grid.
+    for spec, target in (("int8", 0.95), ("int4", 0.6)):
         q = LLM(kv_cache_memory=64 << 20)
         quantize_model(q.engine.model, spec)
         tf = [teacher_forced_argmax(q.engine.model, p, c) for p, c in zip(prompts, ref)]
