@@ -35,26 +35,37 @@ class ModelOps:
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """HF Llama semantics: normalise in float32, cast back, then scale."""
+    if x.dtype == torch.float32:
+        # One fused kernel; bit-identical to the three-op form in float32.
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
     h = x.to(torch.float32)
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return weight * h.to(x.dtype)
 
 
 def _torch_add_rms_norm(x, residual, weight, eps):
-    residual = x if residual is None else x + residual
+    # The residual stream is owned by the forward pass, so it is updated in place.
+    residual = x if residual is None else residual.add_(x)
     return rms_norm(residual, weight, eps), residual
 
 
 def _torch_prepare_rope(positions, cos_table, sin_table):
-    cos = cos_table.index_select(0, positions).unsqueeze(1)   # [num_tokens, 1, head_dim]
-    sin = sin_table.index_select(0, positions).unsqueeze(1)
+    half = cos_table.shape[-1] // 2   # the tables repeat their first half
+    cos = cos_table[:, :half].index_select(0, positions).unsqueeze(1)   # [num_tokens, 1, head_dim / 2]
+    sin = sin_table[:, :half].index_select(0, positions).unsqueeze(1)
     return cos, sin
 
 
 def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """(x1*c - x2*s, x2*c + x1*s): the rotate-half formula with the same roundings as HF's
+    ``x*cos + rotate_half(x)*sin``, but without its concatenations."""
     half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+    x1, x2 = x[..., :half], x[..., half:]
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    o1, o2 = out[..., :half], out[..., half:]
+    torch.mul(x1, cos, out=o1).sub_(x2 * sin)
+    torch.mul(x2, cos, out=o2).add_(x1 * sin)
+    return out
 
 
 def _torch_rope(q, k, ctx):
@@ -64,7 +75,7 @@ def _torch_rope(q, k, ctx):
 
 def _torch_silu_and_mul(x):
     gate, up = x.chunk(2, dim=-1)
-    return F.silu(gate) * up
+    return F.silu(gate).mul_(up)
 
 
 TORCH_OPS = ModelOps("torch", _torch_add_rms_norm, _torch_prepare_rope, _torch_rope, _torch_silu_and_mul,
