@@ -35,6 +35,7 @@ class EngineConfig:
     num_speculative_tokens: int = 4         # the most drafts per request per step
     draft_model: str | None = None          # for speculative="draft": same tokenizer as the target
     self_draft_layers: int | None = None    # for speculative="self": early exit after this many layers
+    self_draft_quantization: str | None = None  # for speculative="self": draft with own weights, int8/int4
     spec_adaptive: bool = True              # adapt k per request and to the batch's cost
 
 

@@ -12,9 +12,8 @@ from gpu_worker.cpu_tuning import tune_allocator
 from gpu_worker.detokenizer import IncrementalDetokenizer
 from gpu_worker.errors import InvalidRequestError
 from gpu_worker.kv_cache import KVCacheManager
-from gpu_worker.model.loader import load_model_config, load_state_dict, resolve_model_dir
-from gpu_worker.model.llama import LlamaForCausalLM
-from gpu_worker.model.ops import select_ops
+from gpu_worker.model.build import build_model, kv_budget_bytes, kv_bytes_per_token, torch_dtype
+from gpu_worker.model.loader import load_model_config, resolve_model_dir
 from gpu_worker.outputs import RequestDelta
 from gpu_worker.postprocess import apply_step
 from gpu_worker.request import Request
@@ -46,32 +45,30 @@ class EngineCore:
         self.max_model_len = min(config.max_model_len or cfg.max_position_embeddings,
                                  cfg.max_position_embeddings)
         self.device = torch.device(config.device)
-        self.model = LlamaForCausalLM(cfg, select_ops(self.device), max_positions=self.max_model_len)
-        self.model.load_hf_state_dict(load_state_dict(self.model_dir))
-        self.model.eval().to(self.device)
-        num_blocks = self._num_kv_blocks()
+        self.model = build_model(config, cfg, self.model_dir, self.max_model_len)
+        dtype = torch_dtype(config.dtype)
+        per_block = config.block_size * kv_bytes_per_token(cfg, dtype)
+        budget = kv_budget_bytes(config)
+        num_blocks = budget // per_block
+        if num_blocks < 1:
+            raise ValueError(f"KV-cache memory {budget} B is less than one block ({per_block} B)")
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv, max_num_batched_tokens=config.max_num_batched_tokens,
                                    max_num_seqs=config.max_num_seqs)
         self.runner = ModelRunner(self.model, num_blocks, config.block_size, seed=config.seed,
-                                  device=self.device)
+                                  device=self.device, dtype=dtype)
+        if self.device.type == "cuda":
+            
+            self.runner.graphs = capture_decode_graphs(self.model, self.runner.kv_caches,
+                                                       max_num_seqs=config.max_num_seqs,
+                                                       max_model_len=self.max_model_len,
+                                                       block_size=config.block_size)
         self.speculator = build_speculator(config, self.model, self.runner, self.kv, num_blocks)
         self.num_steps = 0
-        logger.info("engine ready in %.1fs: %s, %d layers, %d KV blocks of %d tokens (%.0f MiB)",
+        logger.info("engine ready in %.1fs: %s, %d layers, %d KV blocks of %d tokens (%.0f MiB), %s %s%s",
                     time.perf_counter() - t0, self.model_dir.name, cfg.num_layers, num_blocks,
-                    config.block_size, num_blocks * config.block_size * cfg.kv_bytes_per_token / 2**20)
-
-    def _num_kv_blocks(self) -> int:
-        per_block = self.config.block_size * self.model_config.kv_bytes_per_token
-        budget = self.config.kv_cache_memory
-        if budget is None:
-            import psutil
-
-            budget = int(psutil.virtual_memory().available * self.config.kv_cache_fraction)
-        num_blocks = budget // per_block
-        if num_blocks < 1:
-            raise ValueError(f"KV-cache memory {budget} B is less than one block ({per_block} B)")
-        return int(num_blocks)
+                    config.block_size, num_blocks * per_block / 2**20, self.device, config.dtype,
+                    f", {config.quantization}" if config.quantization else "")
 
     # -- requests ---------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams, *,

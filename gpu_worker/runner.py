@@ -50,14 +50,19 @@ class ModelRunner:
                            torch.zeros(shape, dtype=dtype, device=device)) for _ in range(cfg.num_layers)]
         self.sampler = Sampler(seed)
         self.drafter = None     # a model drafter that must see every target batch (set by the engine)
+        self.graphs = None      # CUDA graphs for pure-decode steps (set by the engine on CUDA)
 
     def execute(self, sched: SchedulerOutput) -> RunnerOutput:
         out = RunnerOutput()
         if not sched.scheduled:
             return out
-        batch = self._prepare(sched)
-        plan = self.model.ops.plan_attention(batch.meta)
-        hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, plan)
+        batch = self.prepare(sched)
+        plan = None
+        if self.graphs is not None and self.drafter is None and self.graphs.can_run(batch.meta):
+            hidden = self.graphs.run(batch.input_ids, batch.positions, batch.meta)
+        else:
+            plan = self.model.ops.plan_attention(batch.meta)
+            hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, plan)
         if self.drafter is not None:
             self.drafter.observe(batch.input_ids, batch.positions, plan)
         if not batch.logits_rows:
@@ -65,10 +70,11 @@ class ModelRunner:
         index = torch.tensor([row for _, first, n in batch.logits_rows for row in range(first, first + n)],
                              device=self.device)
         logits = self.model.compute_logits(hidden.index_select(0, index)).cpu()
-        self._sample(batch, logits, out)
+        self.sample(batch, logits, out)
         return out
 
-    def _prepare(self, sched: SchedulerOutput) -> _Batch:
+    def prepare(self, sched: SchedulerOutput) -> _Batch:
+        """Flat batch tensors and attention metadata for one step."""
         decodes = sorted((s for s in sched.scheduled if s.num_new_tokens == 1 and not s.num_spec_tokens),
                          key=lambda s: s.request.num_computed_tokens)
         others = [s for s in sched.scheduled if s.num_new_tokens != 1 or s.num_spec_tokens]
@@ -101,7 +107,8 @@ class ModelRunner:
                                  len(decodes), bs)
         return _Batch(order, torch.tensor(ids, device=dev), torch.tensor(pos, device=dev), meta, logits_rows)
 
-    def _sample(self, batch: _Batch, logits: torch.Tensor, out: RunnerOutput) -> None:
+    def sample(self, batch: _Batch, logits: torch.Tensor, out: RunnerOutput) -> None:
+        """Sample (or verify drafts) at every logits row of the batch into ``out``."""
         rows: list[SamplingRow] = []
         for s, _, n in batch.logits_rows:
             req = s.request

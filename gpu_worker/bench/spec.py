@@ -17,14 +17,16 @@ from gpu_worker.bench.workload import mixed_workload
 
 logger = logging.getLogger(__name__)
 
-TEXT = ("Redis streams are append-only logs. A consumer group lets several workers share one "
-        "stream: each entry is delivered to one consumer, stays pending until it is acknowledged, "
-        "and can be claimed by another consumer when its owner dies. Workers read only what they "
-        "can serve, so the backlog stays visible in Redis for every worker and the autoscaler.")
-GROUNDED = [f"Repeat the following text word for word:\n\n{TEXT}",
-            f"Quote the second and third sentences of this text exactly:\n\n{TEXT}",
-            f"Rewrite this text, replacing 'workers' with 'servers' and changing nothing else:\n\n{TEXT}",
-            f"Copy this text, then add one sentence at the end:\n\n{TEXT}"]
+TEXT = ("The quick brown fox jumps over the lazy dog. The dog sleeps in the sun all day long, "
+        "while the fox runs through the forest looking for food. In the evening, both animals rest "
+        "under the old oak tree.")
+CODE = "def add(a, b):\n    return a + b\n\ndef mul(a, b):\n    return a * b\n\nprint(add(2, 3), mul(4, 5))\n"
+# Input-grounded: repeat, quote, edit (text and code) and summarise a given text.
+GROUNDED = [f"Repeat the following text exactly:\n\n{TEXT}",
+            f"Quote this text exactly, inside double quotes:\n\n{TEXT}",
+            f"Rewrite this text, replacing 'fox' with 'cat':\n\n{TEXT}",
+            f"Add a docstring to each function in this code and return the whole code:\n\n{CODE}",
+            f"Summarize this text in two sentences:\n\n{TEXT}"]
 CHAT = ["Write a short poem about the sea.", "Give three tips for learning to cook.",
         "Explain what a black hole is to a child.", "Describe your ideal weekend."]
 

@@ -33,8 +33,12 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--draft-model", default=None, help="draft model dir for --speculative draft")
     g.add_argument("--self-draft-layers", type=int, default=None,
                    help="early-exit layer for --speculative self (default: a quarter of the layers)")
-    g.add_argument("--quantization", choices=("int8", "int4"), default=None,
-                   help="weight-only quantization at load")
+    g.add_argument("--self-draft-quantization", choices=("int8", "int4"), default=None,
+                   help="--speculative self drafts with the target's own weights quantized (GPU)")
+    g.add_argument("--quantization", choices=("int8", "int4", "int4-g64", "int4-g32"), default=None,
+                   help="weight-only quantization at load (int4: group 128)")
+    g.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
+                   help="weights and KV cache dtype (bfloat16 on GPUs)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -72,7 +76,9 @@ def engine_config(args: argparse.Namespace):
                         num_speculative_tokens=getattr(args, "num_speculative_tokens", 4),
                         draft_model=getattr(args, "draft_model", None),
                         self_draft_layers=getattr(args, "self_draft_layers", None),
-                        quantization=getattr(args, "quantization", None))
+                        self_draft_quantization=getattr(args, "self_draft_quantization", None),
+                        quantization=getattr(args, "quantization", None),
+                        dtype=getattr(args, "dtype", "float32"))
 
 
 def worker_options(args: argparse.Namespace) -> WorkerOptions:

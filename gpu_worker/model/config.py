@@ -32,11 +32,6 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...]
     bos_token_id: int | None
 
-    @property
-    def kv_bytes_per_token(self) -> int:
-        """KV-cache bytes one token takes over all layers, in float32."""
-        return self.num_layers * 2 * self.num_kv_heads * self.head_dim * 4
-
 
 def from_hf_config(hf_config, eos_token_ids: tuple[int, ...]) -> ModelConfig:
     """Translate a transformers config; refuse architectures this runner cannot run."""

@@ -195,7 +195,7 @@ def _pipeline_loop(engines: list[_Engine], model, spec, cfg, device, outputs: di
                 run_out = RunnerOutput()
                 if recv is not None:
                     recv[0].wait()
-                    eng.runner._sample(batch, recv[1].cpu(), run_out)
+                    eng.runner.sample(batch, recv[1].cpu(), run_out)
                 for work, _ in sends:
                     work.wait()
                 for delta in apply_step(eng.scheduler, sched_out, run_out):
@@ -209,7 +209,7 @@ def _pipeline_loop(engines: list[_Engine], model, spec, cfg, device, outputs: di
             if not sched_out.scheduled:
                 in_flight[v] = (sched_out, None, None, [])
                 continue
-            batch = eng.runner._prepare(sched_out)
+            batch = eng.runner.prepare(sched_out)
             rows = torch.tensor([r for _, first, n in batch.logits_rows for r in range(first, first + n)],
                                 dtype=torch.int64, device=device)
             x, residual = run_stage(model, spec, None, None, batch.input_ids, batch.positions,

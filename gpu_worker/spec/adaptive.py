@@ -15,7 +15,7 @@ from collections import deque
 
 PRIOR_ACCEPTANCE = 0.6
 EMA = 0.3
-PROBE_EVERY = 16          # a request with k = 0 retries one draft this often, to re-learn alpha
+PROBE_EVERY = 32          # a request with k = 0 retries one draft this often, to re-learn alpha
 
 
 class StepCostModel:
@@ -54,7 +54,10 @@ class AdaptiveDepth:
 
     def record(self, request_id: str, drafted: int, accepted: int) -> None:
         if drafted > 0:
-            rate = accepted / drafted
+            # Verification stops at the first rejection, so only accepted + (one rejected)
+            # positions were tested: that is the sample for the per-token acceptance rate.
+            tested = accepted + (1 if accepted < drafted else 0)
+            rate = accepted / tested
             prev = self._alpha.get(request_id, self.global_alpha)
             self._alpha[request_id] = (1 - EMA) * prev + EMA * rate
             self.global_alpha = (1 - EMA / 4) * self.global_alpha + EMA / 4 * rate

@@ -5,7 +5,7 @@ import logging
 
 from gpu_worker.config import EngineConfig
 from gpu_worker.errors import ModelLoadError
-from gpu_worker.spec.model_draft import draft_model_drafter, early_exit_drafter
+from gpu_worker.spec.model_draft import draft_model_drafter, early_exit_drafter, quantized_self_drafter
 from gpu_worker.spec.ngram import NgramProposer
 from gpu_worker.spec.speculator import Speculator
 
@@ -24,6 +24,9 @@ def build_speculator(config: EngineConfig, model, runner, kv, num_blocks: int) -
         raise ValueError("num_speculative_tokens must be >= 1")
     if kind == "ngram":
         proposer = NgramProposer()
+    elif kind == "self" and config.self_draft_quantization:
+        proposer = quantized_self_drafter(model, runner.kv_caches, config.self_draft_quantization,
+                                          config.block_size, runner.device)
     elif kind == "self":
         layers = config.self_draft_layers or max(1, model.cfg.num_layers // 4)
         proposer = early_exit_drafter(model, runner.kv_caches, layers, config.block_size, runner.device)

@@ -73,6 +73,25 @@ def early_exit_drafter(target: LlamaForCausalLM, kv_caches: list, num_layers: in
     return ModelDrafter(f"self", target, forward, block_size, device)
 
 
+def quantized_self_drafter(target: LlamaForCausalLM, kv_caches: list, method: str, block_size: int,
+                           device: torch.device) -> ModelDrafter:
+    """The target's own weights, weight-only quantized (``int8``/``int4``), reading the
+    target's KV cache as its context: no cache or catch-up pass of its own. Drafts are only
+    proposals, so the small difference between quantized and exact keys costs acceptance,
+    never correctness. On a GPU a draft step moves a quarter (int4) of the target's bytes."""
+    import copy
+
+    from gpu_worker.model.quant import quantize_model
+
+    draft = copy.deepcopy(target)
+    quantize_model(draft, method)
+
+    def forward(ids, positions, plan):
+        return draft.compute_logits(draft(ids, positions, kv_caches, plan))
+
+    return ModelDrafter("self", draft, forward, block_size, device)
+
+
 def draft_model_drafter(draft: LlamaForCausalLM, num_blocks: int, block_size: int,
                         device: torch.device) -> ModelDrafter:
     """A separate model with its own KV cache over the target's block ids."""

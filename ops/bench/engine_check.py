@@ -76,7 +76,7 @@ def _graph_vs_eager(llm, device: torch.device, capture: bool) -> dict:
         eng.add_request(f"g{i}", list(range(10, 10 + n)), SamplingParams(temperature=0, max_tokens=50, ignore_eos=True))
     while any(r.num_computed_tokens < r.num_prompt_tokens for r in eng.scheduler.requests.values()):
         eng.step()
-    batch = eng.runner._prepare(eng.scheduler.schedule())
+    batch = eng.runner.prepare(eng.scheduler.schedule())
     caches = eng.runner.kv_caches
     graphs = DecodeGraphs(eng.model, caches, max_batch=8, max_blocks_per_seq=64, sizes=[1, 2, 4, 8], capture=capture)
     plan = eng.model.ops.plan_attention(batch.meta)

@@ -57,12 +57,14 @@ def reference(tiny_llama_dir):
     return ps, [o.token_ids for o in outs]
 
 
-@pytest.mark.parametrize("kind", ["ngram", "self", "draft", "wrong"])
+@pytest.mark.parametrize("kind", ["ngram", "self", "self-int8", "draft", "wrong"])
 def test_greedy_identical_with_speculation(kind, tiny_llama_dir, draft_dir, reference):
     ps, want = reference
     # Small KV budget (preemption) and a small token budget (chunked prefill), prefix caching on.
-    opts = dict(kv_cache_memory=28 * 16 * 256, max_num_batched_tokens=64, speculative="ngram" if kind == "wrong" else kind,
-                num_speculative_tokens=3, spec_adaptive=False, draft_model=draft_dir, self_draft_layers=1)
+    spec = {"wrong": "ngram", "self-int8": "self"}.get(kind, kind)
+    opts = dict(kv_cache_memory=28 * 16 * 256, max_num_batched_tokens=64, speculative=spec,
+                num_speculative_tokens=3, spec_adaptive=False, draft_model=draft_dir, self_draft_layers=1,
+                self_draft_quantization="int8" if kind == "self-int8" else None)
     llm = LLM(tiny_llama_dir, **opts)
     if kind == "wrong":
         llm.engine.speculator.proposer = WrongProposer()
@@ -73,6 +75,8 @@ def test_greedy_identical_with_speculation(kind, tiny_llama_dir, draft_dir, refe
     assert sum(stats["spec_drafted_tokens"].values()) > 0
     if kind == "wrong":
         assert sum(stats["spec_accepted_tokens"].values()) == 0
+    if kind == "self-int8":     # the target's own weights at int8 agree with it most of the time
+        assert stats["spec_acceptance_rate"] > 0.5
     assert llm.engine.num_free_blocks == llm.engine.num_total_blocks
 
 

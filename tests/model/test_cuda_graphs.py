@@ -26,7 +26,7 @@ def test_padded_static_decode_equals_eager_step(tiny_llama_dir, monkeypatch):
     eng.step()
     eng.step()   # every request is decoding now
     sched = eng.scheduler.schedule()
-    batch = eng.runner._prepare(sched)
+    batch = eng.runner.prepare(sched)
     assert batch.meta.num_decodes == 3
     caches = eng.runner.kv_caches
     eager = eng.model(batch.input_ids, batch.positions, caches, eng.model.ops.plan_attention(batch.meta))

@@ -1,0 +1,57 @@
+"""Build the model an EngineConfig asks for: device, dtype, weights, quantization, and how
+much memory the KV cache may take there."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from gpu_worker.config import EngineConfig
+from gpu_worker.model.config import ModelConfig
+from gpu_worker.model.llama import LlamaForCausalLM
+from gpu_worker.model.loader import load_state_dict
+from gpu_worker.model.ops import select_ops
+
+logger = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {name!r}")
+    return DTYPES[name]
+
+
+def build_model(config: EngineConfig, cfg: ModelConfig, model_dir: Path, max_model_len: int) -> LlamaForCausalLM:
+    """Weights loaded, moved to the device, cast, then (last, so scales keep float32)
+    weight-only quantized if asked."""
+    device = torch.device(config.device)
+    model = LlamaForCausalLM(cfg, select_ops(device), max_positions=max_model_len)
+    model.load_hf_state_dict(load_state_dict(model_dir))
+    model.eval().to(device=device, dtype=torch_dtype(config.dtype))
+    if config.quantization:
+        from gpu_worker.model.quant import quantize_model
+
+        quantize_model(model, config.quantization)
+    return model
+
+
+def kv_budget_bytes(config: EngineConfig) -> int:
+    """``kv_cache_memory`` if given, else ``kv_cache_fraction`` of the memory free now on the
+    device the cache lives on (host RAM for the CPU, device memory for CUDA)."""
+    if config.kv_cache_memory is not None:
+        return config.kv_cache_memory
+    device = torch.device(config.device)
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+    else:
+        import psutil
+
+        free = psutil.virtual_memory().available
+    return int(free * config.kv_cache_fraction)
+
+
+def kv_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype) -> int:
+    return cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * torch.empty((), dtype=dtype).element_size()
