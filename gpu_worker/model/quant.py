@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.quantize import dequantize_int4, quantize_int4, quantize_int8
+from gpu_worker.model.int4_fit import fit_int4
 from gpu_worker.model.llama import Linear
 
 logger = logging.getLogger(__name__)
@@ -119,7 +120,7 @@ def _quantize_linear(lin: Linear, method: str, group_size: int, use_triton: bool
         if method == "int8":
             q.qweight, q.scale = quantize_int8(lin.weight)
         else:
-            q.packed, q.scales, q.mins = quantize_int4(lin.weight, q.group_size)
+            q.packed, q.scales, q.mins = fit_int4(lin.weight, q.group_size)
         if lin.bias is not None:
             q.bias.copy_(lin.bias)
     return q
