@@ -15,7 +15,7 @@ from collections import deque
 
 PRIOR_ACCEPTANCE = 0.6
 EMA = 0.3
-PROBE_EVERY = 32          # a request with k = 0 retries one draft this often, to re-learn alpha
+PROBE_EVERY = 32          # a request with k = 0 first retries one draft after this many steps
 
 
 class StepCostModel:
@@ -80,8 +80,10 @@ class AdaptiveDepth:
             while k < self.max_k and alpha ** (k + 1) / marginal_cost > step_rate:
                 k += 1
         if k == 0:
+            # Probe with one draft after PROBE_EVERY idle steps, then after twice as many, ...:
+            # a drafter that keeps missing costs less and less.
             idle = self._idle.get(request_id, 0) + 1
             self._idle[request_id] = idle
-            if idle % PROBE_EVERY == 0:
+            if idle >= PROBE_EVERY and idle & (idle - 1) == 0 and idle % PROBE_EVERY == 0:
                 return 1
         return k
