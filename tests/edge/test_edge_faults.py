@@ -38,6 +38,10 @@ class RawListener:
 
     def assert_tiles(self, num_tokens: int) -> list[int]:
         """Published token events cover [0, num_tokens) with no repeat, gap or reordering."""
+        # The client may see the result before this separate connection has read the
+        # channel's last messages: wait for the terminal event, published after every token.
+        wait_until(lambda: any(not isinstance(e, Token) for e in list(self.events)),
+                   timeout=10, what="the terminal event on the raw channel")
         ids: list[int] = []
         for event in self.events:
             if isinstance(event, Token):
