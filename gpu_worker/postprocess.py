@@ -2,8 +2,6 @@
 prefix-cache registration, and the deltas the caller sees."""
 from __future__ import annotations
 
-import time
-
 from gpu_worker.outputs import RequestDelta
 from gpu_worker.request import Request
 from gpu_worker.runner import RunnerOutput
@@ -15,7 +13,6 @@ def apply_step(sched: Scheduler, sched_out: SchedulerOutput, run_out: RunnerOutp
     for req in sched.finished:          # aborted, cancelled or timed out since the last step
         deltas.append(_delta(req, [], final=True))
     sched.finished = []
-    now = time.monotonic()
     for s in sched_out.scheduled:
         req = s.request
         if req.is_finished:
@@ -31,8 +28,6 @@ def apply_step(sched: Scheduler, sched_out: SchedulerOutput, run_out: RunnerOutp
         if not sampled:                 # a prefill chunk that did not reach the end
             sched.kv.cache_computed(req.request_id, req.token_ids, req.num_computed_tokens)
             continue
-        if req.first_token_time is None:
-            req.first_token_time = now
         new_tokens = _append_until_stop(req, sampled)
         # After appending: accepted drafts are computed tokens that only now have ids.
         sched.kv.cache_computed(req.request_id, req.token_ids, min(req.num_computed_tokens, req.num_tokens))

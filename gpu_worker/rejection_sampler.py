@@ -76,5 +76,5 @@ def _sample_or_accept(sampler: Sampler, p: torch.Tensor, row: SamplingRow, draft
 
 def _generator(sampler: Sampler, row: SamplingRow) -> torch.Generator:
     if row.params.seed is None:
-        return sampler._gen
+        return sampler.generator
     return torch.Generator().manual_seed(row_seed(row.params.seed, row.position) ^ 0x5DEECE66D)

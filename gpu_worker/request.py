@@ -6,7 +6,6 @@ import time
 from dataclasses import dataclass, field
 
 from gpu_worker.detokenizer import IncrementalDetokenizer
-from gpu_worker.outputs import TokenLogprob
 from gpu_worker.sampling_params import SamplingParams
 
 
@@ -38,9 +37,7 @@ class Request:
     status: Status = Status.WAITING
     finish_reason: str | None = None
     stop_reason: str | int | None = None
-    pending_logprobs: list[TokenLogprob] = field(default_factory=list)
     num_preemptions: int = 0
-    first_token_time: float | None = None
 
     def __post_init__(self) -> None:
         if not self.token_ids:

@@ -35,7 +35,7 @@ def row_seed(seed: int, position: int) -> int:
 
 class Sampler:
     def __init__(self, seed: int = 0) -> None:
-        self._gen = torch.Generator().manual_seed(seed)
+        self.generator = torch.Generator().manual_seed(seed)
 
     def processed_logits(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
         """Penalties, min-tokens suppression and temperature (greedy rows keep scale 1).
@@ -69,7 +69,7 @@ class Sampler:
         noise = torch.empty(len(rows), vocab)
         unseeded = [i for i, r in enumerate(rows) if r.params.seed is None]
         if unseeded:
-            noise[unseeded] = torch.empty(len(unseeded), vocab).exponential_(generator=self._gen)
+            noise[unseeded] = torch.empty(len(unseeded), vocab).exponential_(generator=self.generator)
         for i, r in enumerate(rows):
             if r.params.seed is not None:
                 g = torch.Generator().manual_seed(row_seed(r.params.seed, r.position))
