@@ -58,7 +58,8 @@ class EngineCore:
         self.runner = ModelRunner(self.model, num_blocks, config.block_size, seed=config.seed,
                                   device=self.device, dtype=dtype)
         if self.device.type == "cuda":
-            
+            from gpu_worker.model.cuda_graphs import capture_decode_graphs
+
             self.runner.graphs = capture_decode_graphs(self.model, self.runner.kv_caches,
                                                        max_num_seqs=config.max_num_seqs,
                                                        max_model_len=self.max_model_len,

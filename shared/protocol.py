@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Union
 
-import msgspec
 from msgspec import Meta, Struct
 
 from shared import limits as L

@@ -78,7 +78,7 @@ def measure_engine(args, items) -> dict:
     thread = threading.Thread(target=lambda: out.update(_measure(engine, args, items)))
     thread.start()
     thread.join()
-    del engine
+    engine = None  # drop the model before the next measurement
     gc.collect()
     return out
 

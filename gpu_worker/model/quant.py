@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.quantize import dequantize_int4, quantize_int4, quantize_int8
+from kernels.quantize import dequantize_int4, quantize_int8
 from gpu_worker.model.int4_fit import fit_int4
 from gpu_worker.model.llama import Linear
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import multiprocessing as mp
-import os
 from dataclasses import dataclass, field
 
 import torch

@@ -70,7 +70,7 @@ def early_exit_drafter(target: LlamaForCausalLM, kv_caches: list, num_layers: in
         h = target.ops.add_rms_norm(x, residual, target.norm, target.cfg.rms_norm_eps)[0]
         return target.compute_logits(h)
 
-    return ModelDrafter(f"self", target, forward, block_size, device)
+    return ModelDrafter("self", target, forward, block_size, device)
 
 
 def quantized_self_drafter(target: LlamaForCausalLM, kv_caches: list, method: str, block_size: int,

@@ -55,7 +55,7 @@ def peak_copy_bandwidth(device: torch.device, nbytes: int) -> float:
     src = torch.empty(nbytes, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
     seconds = time_seconds(lambda: dst.copy_(src), device, rep_ms=200)
-    del src, dst
+    src = dst = None
     return 2 * nbytes / seconds
 
 

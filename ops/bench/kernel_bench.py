@@ -55,7 +55,7 @@ def bench_decode(shape: AttentionShape, num_seqs: int, context_len: int, device:
     row = {"kind": "decode", "batch": num_seqs, "context": context_len, "max_abs_diff_vs_sdpa": diff,
            "paged_us": t_ours * 1e6, "sdpa_us": t_sdpa * 1e6,
            "paged_GBps": kv_bytes / t_ours / 1e9, "sdpa_GBps": kv_bytes / t_sdpa / 1e9}
-    del k_cache, v_cache, k, v
+    k_cache = v_cache = k = v = None  # free device memory (the lambdas hold them too)
     release(device)
     return row
 
@@ -82,7 +82,7 @@ def bench_prefill(shape: AttentionShape, num_seqs: int, q_len: int, prefix_len: 
         t_sdpa = time_seconds(sdpa, device)
         row.update(sdpa_us=t_sdpa * 1e6, sdpa_TFLOPs=flops / t_sdpa / 1e12,
                    max_abs_diff_vs_sdpa=(ours().float() - expected.float()).abs().max().item())
-    del k_cache, v_cache, k, v
+    k_cache = v_cache = k = v = None
     release(device)
     return row
 
@@ -103,6 +103,6 @@ def bench_matmul(m: int, n: int, k: int, dtype: torch.dtype, device: torch.devic
         row[f"{name}_us"] = seconds * 1e6
         row[f"{name}_weight_GBps"] = weight_bytes / seconds / 1e9
         row[f"{name}_rel_err_vs_dense"] = ((fn().float() - dense).norm() / dense.norm()).item()
-    del w, qweight, packed
+    w = qweight = packed = None
     release(device)
     return row
