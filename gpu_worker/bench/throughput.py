@@ -10,8 +10,10 @@ FLOPs divided by an fp32 matmul peak measured in the same run.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
+import os
 import platform
 import time
 from pathlib import Path
@@ -20,6 +22,7 @@ import torch
 
 from gpu_worker.bench.baselines import hf_continuous, load_hf_model, matmul_peak_gflops, naive_static
 from gpu_worker.bench.workload import WorkItem, mixed_workload
+from gpu_worker.model import onednn
 from gpu_worker.model.config import ModelConfig
 
 logger = logging.getLogger(__name__)
@@ -34,6 +37,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--skip-baselines", action="store_true", help="engine only (quick look)")
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--max-num-batched-tokens", type=int, default=1024)
+    p.add_argument("--no-ablate-onednn", dest="ablate_onednn", action="store_false",
+                   help="skip the second engine run with oneDNN packing off (engine_mkl_tok_s)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -46,15 +51,22 @@ def run(args: argparse.Namespace) -> int:
               "torch": torch.__version__, "threads": torch.get_num_threads(), "machine": platform.machine(),
               "prompt_tokens": sum(len(i.prompt_token_ids) for i in items),
               "output_tokens": sum(i.max_tokens for i in items)}
-    peak = matmul_peak_gflops()
+    peaks = matmul_peak_gflops()
+    peak = peaks["peak"]
     flops = workload_flops(llm.engine.model_config, items)
-    result.update(matmul_peak_gflops=peak, workload_gflop=flops / 1e9,
+    result.update(matmul_peak_gflops=peak, matmul_peaks_gflops=peaks, workload_gflop=flops / 1e9,
                   compute_limit_tok_s=result["output_tokens"] / (flops / 1e9 / peak))
     engine_s, engine_out = _run_engine(llm, items)
     result["engine_s"], result["engine_tok_s"] = engine_s, result["output_tokens"] / engine_s
     logger.info("engine: %.1f tok/s", result["engine_tok_s"])
+    model_dir = llm.engine.model_dir
+    if args.ablate_onednn and onednn.available():
+        del llm
+        gc.collect()
+        result["engine_mkl_tok_s"] = _engine_without_onednn(args, items)
+        logger.info("engine with torch's own matmuls (FLEET_ONEDNN=0): %.1f tok/s", result["engine_mkl_tok_s"])
     if not args.skip_baselines:
-        model = load_hf_model(llm.engine.model_dir)
+        model = load_hf_model(model_dir)
         cb_s, cb_out = hf_continuous(model, items, max(i.max_tokens for i in items))
         result["hf_continuous_s"], result["hf_continuous_tok_s"] = cb_s, _useful(cb_out) / cb_s
         logger.info("transformers continuous batching: %.1f tok/s", result["hf_continuous_tok_s"])
@@ -72,6 +84,24 @@ def run(args: argparse.Namespace) -> int:
         args.json.write_text(json.dumps(result, indent=2))
         _plot(result, args.plot or args.json.with_suffix(".png"))
     return 0
+
+
+def _engine_without_onednn(args: argparse.Namespace, items: list[WorkItem]) -> float:
+    """The same engine run with oneDNN packing off: what the scheduler alone is worth."""
+    from gpu_worker.llm import LLM
+
+    saved = os.environ.get("FLEET_ONEDNN")
+    os.environ["FLEET_ONEDNN"] = "0"
+    try:
+        llm = LLM(args.model, kv_cache_memory=4 << 30, max_num_seqs=args.max_num_seqs,
+                  max_num_batched_tokens=args.max_num_batched_tokens)
+    finally:
+        if saved is None:
+            os.environ.pop("FLEET_ONEDNN")
+        else:
+            os.environ["FLEET_ONEDNN"] = saved
+    seconds, _ = _run_engine(llm, items)
+    return sum(i.max_tokens for i in items) / seconds
 
 
 def workload_flops(cfg: ModelConfig, items: list[WorkItem]) -> float:
@@ -117,12 +147,14 @@ def _plot(result: dict, path: Path) -> None:
     except ImportError:
         logger.warning("matplotlib not installed: no plot")
         return
-    names = ["naive_static_tok_s", "hf_continuous_tok_s", "engine_tok_s", "compute_limit_tok_s"]
-    labels = ["transformers\nstatic batches of 8", "transformers\ncontinuous batching", "this engine",
-              "compute limit\n(FLOPs / matmul peak)"]
-    values = [result.get(n, 0.0) for n in names]
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    bars = ax.bar(labels, values, color=["#999", "#777", "#2a7", "#ccc"])
+    bars = [("naive_static_tok_s", "transformers\nstatic batches of 8", "#999"),
+            ("hf_continuous_tok_s", "transformers\ncontinuous batching", "#777"),
+            ("engine_mkl_tok_s", "this engine,\ntorch matmuls", "#8c8"),
+            ("engine_tok_s", "this engine", "#2a7"),
+            ("compute_limit_tok_s", "compute limit\n(FLOPs / matmul peak)", "#ccc")]
+    bars = [b for b in bars if b[0] in result]
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    bars = ax.bar([b[1] for b in bars], [result[b[0]] for b in bars], color=[b[2] for b in bars])
     ax.bar_label(bars, fmt="%.1f")
     ax.set_ylabel("useful output tokens / s")
     ax.set_title(f"{result['model']}, {result['requests']} mixed-length requests, "

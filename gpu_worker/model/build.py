@@ -11,6 +11,7 @@ from gpu_worker.config import EngineConfig
 from gpu_worker.model.config import ModelConfig
 from gpu_worker.model.llama import LlamaForCausalLM
 from gpu_worker.model.loader import load_state_dict
+from gpu_worker.model.onednn import pack_for_cpu
 from gpu_worker.model.ops import select_ops
 
 logger = logging.getLogger(__name__)
@@ -35,6 +36,8 @@ def build_model(config: EngineConfig, cfg: ModelConfig, model_dir: Path, max_mod
         from gpu_worker.model.quant import quantize_model
 
         quantize_model(model, config.quantization)
+    else:
+        pack_for_cpu(model)
     return model
 
 

@@ -72,6 +72,7 @@ class LlamaForCausalLM(nn.Module):
         self.norm = nn.Parameter(torch.empty(cfg.hidden_size), requires_grad=False)
         self.lm_head = (self.embed if cfg.tie_word_embeddings
                         else nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size), requires_grad=False))
+        self.packed_head: nn.Module | None = None   # lm_head prepacked for oneDNN (model/onednn.py)
         n_pos = min(max_positions or cfg.max_position_embeddings, cfg.max_position_embeddings)
         freqs = torch.arange(n_pos, dtype=torch.float32)[:, None] * cfg.inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
@@ -100,6 +101,8 @@ class LlamaForCausalLM(nn.Module):
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [n, hidden] -> [n, vocab] float32
+        if self.packed_head is not None:
+            return self.packed_head(hidden).float()
         return F.linear(hidden, self.lm_head).float()
 
     def load_hf_state_dict(self, state: dict[str, torch.Tensor]) -> None:

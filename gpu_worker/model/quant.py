@@ -33,6 +33,7 @@ from torch import nn
 from kernels.quantize import dequantize_int4, quantize_int8
 from gpu_worker.model.int4_fit import fit_int4
 from gpu_worker.model.llama import Linear
+from gpu_worker.model.onednn import PackedLinear
 
 logger = logging.getLogger(__name__)
 
@@ -127,9 +128,11 @@ def _quantize_linear(lin: Linear, method: str, group_size: int, use_triton: bool
 
 
 def _swap_linears(model: nn.Module, make) -> int:
-    """Replace every Linear of model by make(linear); returns how many."""
+    """Replace every Linear of model by make(linear); returns how many. The LM head (also
+    when oneDNN-packed, as ``packed_head``) stays in float, as before quantization."""
     targets = [(parent, name, child) for parent in model.modules()
-               for name, child in parent.named_children() if isinstance(child, Linear)]
+               for name, child in parent.named_children()
+               if isinstance(child, (Linear, PackedLinear)) and name != "packed_head"]
     for parent, name, child in targets:
         setattr(parent, name, make(child))
     return len(targets)
@@ -158,13 +161,20 @@ def quantize_model(model: nn.Module, spec: str, *, use_triton: bool | None = Non
 
 def weight_bytes(model: nn.Module) -> dict[str, int]:
     """Bytes of the linear layers' weights and of all parameters and persistent buffers
-    (a tied embedding counted once)."""
+    (a tied embedding counted once). A oneDNN-packed LM head is a second copy of the
+    (tied) embedding: counted in the total and reported apart as ``packed_head_bytes``."""
     seen: set[int] = set()
     total = linear = 0
+    head = getattr(model, "packed_head", None)
+    head_bytes = head.packed.numel() * head.packed.element_size() if head is not None else 0
     for mod in model.modules():
-        is_linear = isinstance(mod, (Linear, Int8Linear, Int4Linear))
+        if mod is head:
+            continue
+        is_linear = isinstance(mod, (Linear, PackedLinear, Int8Linear, Int4Linear))
         tensors = list(mod.named_parameters(recurse=False)) + [
             (n, b) for n, b in mod.named_buffers(recurse=False) if n not in mod._non_persistent_buffers_set]
+        if isinstance(mod, PackedLinear):
+            tensors.append(("packed", mod.packed))
         for _, t in tensors:
             if id(t) in seen:
                 continue
@@ -172,7 +182,8 @@ def weight_bytes(model: nn.Module) -> dict[str, int]:
             nbytes = t.numel() * t.element_size()
             total += nbytes
             linear += nbytes if is_linear else 0
-    return {"linear_weight_bytes": linear, "total_weight_bytes": total}
+    return {"linear_weight_bytes": linear, "total_weight_bytes": total + head_bytes,
+            "packed_head_bytes": head_bytes}
 
 
 def save_quantized(model: nn.Module, spec: str, directory: str | Path) -> Path:

@@ -19,6 +19,7 @@ from torch import nn
 
 from gpu_worker.model.config import ModelConfig
 from gpu_worker.model.llama import LlamaForCausalLM
+from gpu_worker.model.onednn import pack_for_cpu
 from gpu_worker.model.ops import ModelOps
 
 _LAYER_KEY = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
@@ -90,7 +91,9 @@ def build_stage_model(model_dir: Path, cfg: ModelConfig, spec: StageSpec, ops: M
         model.lm_head = unused
     if not spec.is_first and not (spec.is_last and cfg.tie_word_embeddings):
         model.embed = unused
-    return model.eval().to(device)
+    model.eval().to(device)
+    pack_for_cpu(model)
+    return model
 
 
 @torch.inference_mode()
