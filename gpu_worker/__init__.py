@@ -4,16 +4,13 @@
 """
 from __future__ import annotations
 
-import os
-
-# OpenMP threads that spin at barriers make every torch op pay for oversubscription when
-# another busy process shares the cores (the engine thread plus the Redis client, or a
-# test runner): measured 7.0 s vs 0.47 s for the same tiny-model workload on 2 shared
-# cores. Sleeping waiters cost little for this engine's op sizes. Set before torch loads;
-# an explicit OMP_WAIT_POLICY in the environment wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
-from gpu_worker.sampling_params import SamplingParams  # noqa: E402
+# OpenMP waiters: torch's libgomp spins a while at each barrier, then sleeps. The spin
+# keeps the many small ops of a decode step back to back: 240 vs 188 tok/s on
+# `fleet bench throughput`'s workload against OMP_WAIT_POLICY=PASSIVE (2 cores, oneDNN
+# matmuls). Where other busy processes share the cores (the test suite, several workers
+# on one machine), spinning threads steal their time: set OMP_WAIT_POLICY=PASSIVE there
+# (tests/conftest.py does). Read when torch loads; the environment decides.
+from gpu_worker.sampling_params import SamplingParams
 
 __all__ = ["LLM", "SamplingParams", "EngineConfig"]
 

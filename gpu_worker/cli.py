@@ -18,6 +18,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("bench", "e2e"): ("gpu_worker.edge.bench_e2e", "the fleet through Redis vs the in-process engine"),
     ("bench", "spec"): ("gpu_worker.bench.spec", "speculative decoding proposers, side by side"),
     ("bench", "quant"): ("gpu_worker.bench.quant_quality", "INT8/INT4 weight-only quantization vs fp32"),
+    ("bench", "linear"): ("gpu_worker.bench.linear", "CPU matmuls: torch vs oneDNN-packed, per model shape"),
 }
 ENGINE_COMMANDS = frozenset(path[0] for path in COMMANDS)
 
