@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from gpu_worker.model.attention import AttentionMetadata
+from gpu_worker.model.calibration import prefill_hidden
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +66,8 @@ TEXT = (
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="model dir or .gguf (default: embedded SmolLM2)")
-    p.add_argument("--methods", default="int8,int4", help="comma-separated: int8, int4, int4-g64, int4-g32")
+    p.add_argument("--methods", default="int8,int4,int4-rtn",
+                   help="comma-separated: int8, int4, int4-g64, int4-g32; a -rtn suffix quantizes without calibration")
     p.add_argument("--prompts", type=int, default=32)
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--skip-free-running", action="store_true", help="teacher-forced agreement only (faster)")
@@ -74,19 +75,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", type=Path, default=Path("quant_quality.json"))
 
 
-@torch.inference_mode()
-def forward_logits(model, token_ids: list[int], block_size: int = 16) -> torch.Tensor:
+def forward_logits(model, token_ids: list[int]) -> torch.Tensor:
     """Logits [len(token_ids), vocab] of one sequence, prefilled in one pass over fresh caches."""
-    cfg, dev, n = model.cfg, model.embed.device, len(token_ids)
-    num_blocks = -(-n // block_size)
-    shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
-    caches = [(torch.zeros(shape, dtype=model.embed.dtype, device=dev),
-               torch.zeros(shape, dtype=model.embed.dtype, device=dev)) for _ in range(cfg.num_layers)]
-    meta = AttentionMetadata(torch.arange(n, device=dev), torch.arange(num_blocks, device=dev)[None, :],
-                             [n], [n], 0, block_size)
-    positions = torch.arange(n, device=dev)
-    hidden = model(torch.tensor(token_ids, device=dev), positions, caches, model.ops.plan_attention(meta))
-    return model.compute_logits(hidden).cpu()
+    return model.compute_logits(prefill_hidden(model, token_ids)).cpu()
 
 
 def perplexity(model, token_ids: list[int]) -> float:
@@ -150,12 +141,17 @@ def _generate(llm, prompts: list[list[int]], n: int) -> list[list[int]]:
 
 
 def _load(args, spec: str | None):
+    """An engine on the weights, quantized at load as ``--quantization`` would (INT4 with
+    activation-aware scales). ``int4-rtn`` (or ``int4-g64-rtn``, ...) quantizes the loaded
+    fp32 model without calibration, for comparison."""
     from gpu_worker.llm import LLM
     from gpu_worker.model.quant import quantize_model
 
-    llm = LLM(args.model, kv_cache_memory=256 << 20)
-    if spec:
-        quantize_model(llm.engine.model, spec)
+    plain = bool(spec) and spec.endswith("-rtn")
+    method = spec[:-len("-rtn")] if plain else spec
+    llm = LLM(args.model, kv_cache_memory=256 << 20, quantization=None if plain else method)
+    if plain:
+        quantize_model(llm.engine.model, method)
     return llm
 
 

@@ -33,9 +33,11 @@ def build_model(config: EngineConfig, cfg: ModelConfig, model_dir: Path, max_mod
     model.load_hf_state_dict(load_state_dict(model_dir))
     model.eval().to(device=device, dtype=torch_dtype(config.dtype))
     if config.quantization:
+        from gpu_worker.model.calibration import calibration_sequences
         from gpu_worker.model.quant import quantize_model
+        from gpu_worker.tokenizer import Tokenizer
 
-        quantize_model(model, config.quantization)
+        quantize_model(model, config.quantization, calibration=calibration_sequences(Tokenizer(model_dir)))
     else:
         pack_for_cpu(model)
     return model

@@ -24,6 +24,7 @@ class Linear(nn.Module):
 
     def __init__(self, out_features: int, in_features: int, bias: bool = False) -> None:
         super().__init__()
+        self.out_features, self.in_features = out_features, in_features
         self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
         self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
 

@@ -9,7 +9,7 @@ Forward paths (chosen once, at quantization, from the model's ops backend):
 
 - ``triton`` (CUDA): ``kernels.int8_matmul`` / ``kernels.int4_matmul`` dequantize in
   registers: the weights are read at 1 or 0.5625 bytes each.
-- ``torch`` (CPU): dequantize, then an fp32 matmul. Measured on this AVX2 CPU (2 threads,
+- ``torch`` (CPU): dequantize, then an fp32 matmul. Measured on the build machine's CPU (2 threads,
   [M, 1536] x [1536, 576], see ``fleet bench quant``): fp32 70 us / 0.78 ms / 2.3 ms at
   M = 1 / 32 / 256; INT8 as ``(x @ q.T) * scale`` 0.24 / 0.85 / 2.6 ms vs
   ``torch._weight_int8pack_mm`` 0.90 / 35 / 258 ms; INT4 dequantize-then-matmul 1.3 / 1.8 /
@@ -30,7 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.quantize import dequantize_int4, quantize_int8
+from kernels.quantize import dequantize_int4, quantize_int4, quantize_int8
+from gpu_worker.model.calibration import linear_inputs, search_input_scales
 from gpu_worker.model.int4_fit import fit_int4
 from gpu_worker.model.llama import Linear
 from gpu_worker.model.onednn import PackedLinear
@@ -75,18 +76,24 @@ class Int8Linear(nn.Module):
 
 
 class Int4Linear(nn.Module):
-    """y = x @ dequant(packed, scales, mins).T (+ b); two 4-bit codes a byte."""
+    """y = (x / input_scale) @ dequant(packed, scales, mins).T (+ b); two 4-bit codes a byte.
+    ``input_scale`` (per input feature) is present when the weights were quantized with
+    activation-aware scales (``gpu_worker/model/calibration.py``), else None."""
 
-    def __init__(self, out_features: int, in_features: int, bias: bool, use_triton: bool, group_size: int) -> None:
+    def __init__(self, out_features: int, in_features: int, bias: bool, use_triton: bool, group_size: int,
+                 input_scaled: bool = False) -> None:
         super().__init__()
         self.use_triton, self.group_size = use_triton, group_size
         groups = in_features // group_size
         self.register_buffer("packed", torch.empty(out_features, in_features // 2, dtype=torch.uint8))
         self.register_buffer("scales", torch.empty(out_features, groups, dtype=torch.float32))
         self.register_buffer("mins", torch.empty(out_features, groups, dtype=torch.float32))
+        self.register_buffer("input_scale", torch.ones(in_features) if input_scaled else None)
         self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [n, in] -> [n, out]
+        if self.input_scale is not None:
+            x = x / self.input_scale.to(x.dtype)
         if self.use_triton:
             import kernels
 
@@ -107,21 +114,32 @@ def int4_group_for(in_features: int, group_size: int) -> int:
     return g
 
 
-def _empty_quantized(lin: Linear, method: str, group_size: int, use_triton: bool) -> nn.Module:
-    out_f, in_f = lin.weight.shape
+def _empty_quantized(lin: Linear, method: str, group_size: int, use_triton: bool,
+                     input_scaled: bool = False) -> nn.Module:
+    out_f, in_f = lin.out_features, lin.in_features
     has_bias = lin.bias is not None
     if method == "int8":
         return Int8Linear(out_f, in_f, has_bias, use_triton)
-    return Int4Linear(out_f, in_f, has_bias, use_triton, int4_group_for(in_f, group_size))
+    return Int4Linear(out_f, in_f, has_bias, use_triton, int4_group_for(in_f, group_size), input_scaled)
 
 
-def _quantize_linear(lin: Linear, method: str, group_size: int, use_triton: bool) -> nn.Module:
-    q = _empty_quantized(lin, method, group_size, use_triton).to(lin.weight.device)
+def _quantize_linear(lin: Linear, method: str, group_size: int, use_triton: bool,
+                     calibration_rows: torch.Tensor | None = None) -> nn.Module:
+    """Quantized copy of ``lin``; INT4 with activation-aware input scales when calibration
+    rows (inputs the layer received) are given."""
+    weight = lin.weight
+    scaled = method == "int4" and calibration_rows is not None
+    q = _empty_quantized(lin, method, group_size, use_triton, scaled).to(weight.device)
     with torch.no_grad():
         if method == "int8":
-            q.qweight, q.scale = quantize_int8(lin.weight)
+            q.qweight, q.scale = quantize_int8(weight)
+        elif scaled:
+            g = q.group_size
+            s, _ = search_input_scales(weight, calibration_rows, lambda w: dequantize_int4(*quantize_int4(w, g), g))
+            q.packed, q.scales, q.mins = fit_int4(weight.float() * s, g)
+            q.input_scale.copy_(s)
         else:
-            q.packed, q.scales, q.mins = fit_int4(lin.weight, q.group_size)
+            q.packed, q.scales, q.mins = fit_int4(weight, q.group_size)
         if lin.bias is not None:
             q.bias.copy_(lin.bias)
     return q
@@ -138,16 +156,24 @@ def _swap_linears(model: nn.Module, make) -> int:
     return len(targets)
 
 
-def quantize_model(model: nn.Module, spec: str, *, use_triton: bool | None = None) -> nn.Module:
+def quantize_model(model: nn.Module, spec: str, *, use_triton: bool | None = None,
+                   calibration: list[list[int]] | None = None) -> nn.Module:
     """Swap model's Linear modules for quantized ones, in place, on the weights' device.
-    ``use_triton`` defaults to the model's ops backend being ``triton``."""
+    ``use_triton`` defaults to the model's ops backend being ``triton``. For INT4,
+    ``calibration`` (token sequences, e.g. ``calibration.calibration_sequences``) turns on
+    activation-aware input scales."""
     method, group = parse_method(spec)
     if use_triton is None:
         use_triton = getattr(getattr(model, "ops", None), "name", "torch") == "triton"
     groups: set[int] = set()
+    rows: dict[nn.Module, torch.Tensor] = {}
+    if method == "int4" and calibration:
+        head = getattr(model, "packed_head", None)
+        rows = linear_inputs(model, calibration,
+                             lambda m: isinstance(m, (Linear, PackedLinear)) and m is not head)
 
     def make(lin: Linear) -> nn.Module:
-        q = _quantize_linear(lin, method, group, use_triton)
+        q = _quantize_linear(lin, method, group, use_triton, rows.get(lin))
         groups.add(getattr(q, "group_size", 0))
         return q
 
@@ -155,7 +181,8 @@ def quantize_model(model: nn.Module, spec: str, *, use_triton: bool | None = Non
     if method == "int4" and groups != {group}:
         logger.info("int4: requested group %d; layers use groups %s (in_features not divisible)", group,
                     sorted(groups))
-    logger.info("quantized %d linear layers to %s (%s kernels)", n, spec, "triton" if use_triton else "torch")
+    logger.info("quantized %d linear layers to %s (%s kernels%s)", n, spec, "triton" if use_triton else "torch",
+                ", activation-aware" if rows else "")
     return model
 
 
@@ -213,8 +240,9 @@ def load_quantized(model: nn.Module, directory: str | Path, *, use_triton: bool 
     method, group = parse_method(spec)
     if use_triton is None:
         use_triton = getattr(getattr(model, "ops", None), "name", "torch") == "triton"
-    _swap_linears(model, lambda lin: _empty_quantized(lin, method, group, use_triton))
     state = load_file(str(directory / CHECKPOINT_FILE))
+    scaled = any(k.endswith(".input_scale") for k in state)
+    _swap_linears(model, lambda lin: _empty_quantized(lin, method, group, use_triton, scaled))
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [k for k in missing if not (k == "lm_head" and model.cfg.tie_word_embeddings)]
     if missing or unexpected:

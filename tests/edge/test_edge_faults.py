@@ -99,7 +99,10 @@ def test_paused_worker_cannot_publish_or_ack_after_takeover(workers, redis_serve
         wait_until(lambda: "lost request" in procs[paused].output(), what="fenced log line")
         assert procs[paused].proc.poll() is None
         assert fleet.generate(max_tokens=5, timeout=30, **LONG).finish_reason == "length"
-    assert r.xpending(keys.stream_key("default", "default"), keys.GROUP)["pending"] == 0
+    # A worker writes the result, then acknowledges the entry (one round trip later): the
+    # client can see the result first.
+    wait_until(lambda: r.xpending(keys.stream_key("default", "default"), keys.GROUP)["pending"] == 0,
+               timeout=10, what="every entry acknowledged")
 
 
 def test_live_worker_keeps_its_long_generation(workers, redis_server, r):
@@ -128,7 +131,8 @@ def test_request_delivered_too_often_is_dead_lettered(workers, redis_server, r):
             assert exc.code == "poison"
     dead = r.xrange(keys.dead_letter_key("default"))
     assert len(dead) == 1 and dead[0][1][b"code"] == b"poison"
-    assert r.xpending(keys.stream_key("default", "default"), keys.GROUP)["pending"] == 0
+    wait_until(lambda: r.xpending(keys.stream_key("default", "default"), keys.GROUP)["pending"] == 0,
+               timeout=10, what="the poison entry acknowledged")
 
 
 def test_sigterm_drains_then_hands_back_with_progress(workers, redis_server, r):

@@ -55,7 +55,8 @@ def test_bad_entries_are_dead_lettered_at_once_and_the_worker_keeps_serving(work
     dead = r.xrange(keys.dead_letter_key("default"))
     assert sorted(d[1][b"code"].decode() for d in dead) == sorted(
         ["malformed", "malformed", "too_large", "unsupported_version", "malformed"])
-    assert r.xlen(STREAM) == 0 and r.xpending(STREAM, keys.GROUP)["pending"] == 0
+    wait_until(lambda: r.xlen(STREAM) == 0 and r.xpending(STREAM, keys.GROUP)["pending"] == 0,
+               timeout=10, what="every entry acknowledged and deleted")
 
 
 def _raw_submit(fleet, r, payload: dict):

@@ -29,9 +29,11 @@ def test_tokens_arrive_once_in_order_and_match_the_result(workers, redis_server,
     assert ids == result.token_ids and len(ids) == 40
     assert "".join(t.text for t in tokens) == result.text
     assert result.finish_reason == "length" and result.usage.prompt_tokens == len(PROMPT)
-    # acked and deleted: nothing pending, nothing left in the stream
-    assert r.xlen(keys.stream_key("default", "default")) == 0
-    assert r.xpending(keys.stream_key("default", "default"), keys.GROUP)["pending"] == 0
+    # acked and deleted: nothing pending, nothing left in the stream (the ack follows the
+    # result by one round trip)
+    stream_key = keys.stream_key("default", "default")
+    wait_until(lambda: r.xlen(stream_key) == 0 and r.xpending(stream_key, keys.GROUP)["pending"] == 0,
+               timeout=10, what="entry acknowledged and deleted")
     assert r.ttl(keys.state_key("default", result.request_id)) > 0
 
 
