@@ -70,10 +70,16 @@ CONVERSATIONS = [
 
 
 def calibration_sequences(tokenizer) -> list[list[int]]:
-    """Token ids of the built-in exchanges, each as a chat: user turn, assistant reply."""
+    """Token ids of the built-in exchanges, each as a chat (user turn, assistant reply), or
+    as plain text for a model whose tokenizer has no chat template."""
+    from gpu_worker.errors import InvalidRequestError
+
     seqs = []
     for question, answer in CONVERSATIONS:
-        prompt = tokenizer.apply_chat_template([{"role": "user", "content": question}])
+        try:
+            prompt = tokenizer.apply_chat_template([{"role": "user", "content": question}])
+        except InvalidRequestError:
+            prompt = tokenizer.encode(question + "\n")
         seqs.append(prompt + tokenizer.encode(answer))
     return seqs
 

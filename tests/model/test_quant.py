@@ -121,3 +121,18 @@ def test_smollm2_int8_and_int4_agree_with_fp32():
         q = LLM(kv_cache_memory=64 << 20, quantization=spec)
         tf = [teacher_forced_argmax(q.engine.model, p, c) for p, c in zip(prompts, ref)]
         assert agreement(ref, tf)["token_agreement"] >= target, spec
+
+
+def test_calibration_text_without_a_chat_template():
+    from gpu_worker.errors import InvalidRequestError
+    from gpu_worker.model.calibration import CONVERSATIONS, calibration_sequences
+
+    class PlainTokenizer:       # a base model's tokenizer: no chat template
+        def apply_chat_template(self, messages):
+            raise InvalidRequestError("invalid_messages", "no chat template")
+
+        def encode(self, text):
+            return [ord(c) % 500 for c in text]
+
+    seqs = calibration_sequences(PlainTokenizer())
+    assert len(seqs) == len(CONVERSATIONS) and all(len(s) > 100 for s in seqs)
