@@ -5,6 +5,7 @@ import logging
 
 from gpu_worker.config import EngineConfig
 from gpu_worker.errors import ModelLoadError
+from gpu_worker.model.calibration import calibration_sequences
 from gpu_worker.spec.model_draft import draft_model_drafter, early_exit_drafter, quantized_self_drafter
 from gpu_worker.spec.ngram import NgramProposer
 from gpu_worker.spec.speculator import Speculator
@@ -14,7 +15,9 @@ logger = logging.getLogger(__name__)
 PROPOSERS = ("ngram", "draft", "self")
 
 
-def build_speculator(config: EngineConfig, model, runner, kv, num_blocks: int) -> Speculator | None:
+def build_speculator(config: EngineConfig, model, runner, kv, num_blocks: int,
+                     tokenizer=None) -> Speculator | None:
+    """``tokenizer`` (the target's) provides calibration text for an INT4 self-draft."""
     kind = config.speculative
     if kind is None:
         return None
@@ -25,8 +28,9 @@ def build_speculator(config: EngineConfig, model, runner, kv, num_blocks: int) -
     if kind == "ngram":
         proposer = NgramProposer()
     elif kind == "self" and config.self_draft_quantization:
+        calibration = calibration_sequences(tokenizer) if tokenizer is not None else None
         proposer = quantized_self_drafter(model, runner.kv_caches, config.self_draft_quantization,
-                                          config.block_size, runner.device)
+                                          config.block_size, runner.device, calibration)
     elif kind == "self":
         layers = config.self_draft_layers or max(1, model.cfg.num_layers // 4)
         proposer = early_exit_drafter(model, runner.kv_caches, layers, config.block_size, runner.device)

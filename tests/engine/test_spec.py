@@ -57,14 +57,14 @@ def reference(tiny_llama_dir):
     return ps, [o.token_ids for o in outs]
 
 
-@pytest.mark.parametrize("kind", ["ngram", "self", "self-int8", "draft", "wrong"])
+@pytest.mark.parametrize("kind", ["ngram", "self", "self-int8", "self-int4", "draft", "wrong"])
 def test_greedy_identical_with_speculation(kind, tiny_llama_dir, draft_dir, reference):
     ps, want = reference
     # Small KV budget (preemption) and a small token budget (chunked prefill), prefix caching on.
-    spec = {"wrong": "ngram", "self-int8": "self"}.get(kind, kind)
-    opts = dict(kv_cache_memory=28 * 16 * 256, max_num_batched_tokens=64, speculative=spec,
+    spec = {"wrong": "ngram", "self-int8": "self", "self-int4": "self"}.get(kind, kind)
+    opts = dict(kv_cache_memory=24 * 16 * 256, max_num_batched_tokens=64, speculative=spec,
                 num_speculative_tokens=3, spec_adaptive=False, draft_model=draft_dir, self_draft_layers=1,
-                self_draft_quantization="int8" if kind == "self-int8" else None)
+                self_draft_quantization=kind[len("self-"):] if kind in ("self-int8", "self-int4") else None)
     llm = LLM(tiny_llama_dir, **opts)
     if kind == "wrong":
         llm.engine.speculator.proposer = WrongProposer()
@@ -77,6 +77,11 @@ def test_greedy_identical_with_speculation(kind, tiny_llama_dir, draft_dir, refe
         assert sum(stats["spec_accepted_tokens"].values()) == 0
     if kind == "self-int8":     # the target's own weights at int8 agree with it most of the time
         assert stats["spec_acceptance_rate"] > 0.5
+    if kind == "self-int4":     # int4 with activation-aware scales from the calibration text
+        from gpu_worker.model.quant import Int4Linear
+
+        draft = llm.engine.speculator.proposer.model
+        assert isinstance(draft.layers[0].qkv, Int4Linear) and draft.layers[0].qkv.input_scale is not None
     assert llm.engine.num_free_blocks == llm.engine.num_total_blocks
 
 
