@@ -45,7 +45,7 @@ class EngineCore:
         self.max_model_len = min(config.max_model_len or cfg.max_position_embeddings,
                                  cfg.max_position_embeddings)
         self.device = torch.device(config.device)
-        self.model = build_model(config, cfg, self.model_dir, self.max_model_len)
+        self.model = build_model(config, cfg, self.model_dir, self.max_model_len, self.tokenizer)
         dtype = torch_dtype(config.dtype)
         per_block = config.block_size * kv_bytes_per_token(cfg, dtype)
         budget = kv_budget_bytes(config)

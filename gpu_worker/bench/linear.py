@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from gpu_worker.bench.timing import mean_seconds
 from gpu_worker.model import onednn
 
 ROWS = (1, 2, 4, 8, 16, 32, 64, 256, 1024)
@@ -34,14 +34,6 @@ def projection_shapes(cfg) -> dict[str, tuple[int, int]]:
             "lm_head": (cfg.vocab_size, h)}
 
 
-def _seconds(fn, reps: int = 5) -> float:
-    fn()
-    t = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    return (time.perf_counter() - t) / reps
-
-
 def measure(shapes: dict[str, tuple[int, int]], rows: list[int], layers: int) -> list[dict]:
     out = []
     for name, (n, k) in shapes.items():
@@ -50,8 +42,8 @@ def measure(shapes: dict[str, tuple[int, int]], rows: list[int], layers: int) ->
         packed = [onednn.PackedLinear(w) for w in weights]
         for m in rows:
             x = torch.randn(m, k)
-            dense = _seconds(lambda: [F.linear(x, w) for w in weights]) / count
-            fast = _seconds(lambda: [p(x) for p in packed]) / count
+            dense = mean_seconds(lambda: [F.linear(x, w) for w in weights]) / count
+            fast = mean_seconds(lambda: [p(x) for p in packed]) / count
             out.append({"shape": name, "rows": m, "out": n, "in": k, "torch_us": dense * 1e6,
                         "onednn_us": fast * 1e6, "speedup": dense / fast,
                         "onednn_gflops": 2 * m * n * k / fast / 1e9,

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from gpu_worker.bench.timing import mean_seconds
 from gpu_worker.model.calibration import prefill_hidden
 
 logger = logging.getLogger(__name__)
@@ -108,11 +109,7 @@ def cpu_matmul_timings(shapes=((576, 1536), (3072, 576)), ms=(1, 32, 256), reps:
     from gpu_worker.model.quant import int4_group_for
 
     def timed(fn) -> float:
-        fn()
-        start = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        return (time.perf_counter() - start) / reps * 1e6
+        return mean_seconds(fn, reps) * 1e6
 
     rows = []
     for n, k in shapes:

@@ -42,11 +42,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpu_worker.llm import LLM
-
     items = mixed_workload(args.requests, args.seed)
-    llm = LLM(args.model, kv_cache_memory=4 << 30, max_num_seqs=args.max_num_seqs,
-              max_num_batched_tokens=args.max_num_batched_tokens)
+    llm = _engine(args)
     result = {"requests": len(items), "seed": args.seed, "model": llm.engine.model_dir.name,
               "torch": torch.__version__, "threads": torch.get_num_threads(), "machine": platform.machine(),
               "prompt_tokens": sum(len(i.prompt_token_ids) for i in items),
@@ -86,20 +83,19 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _engine_without_onednn(args: argparse.Namespace, items: list[WorkItem]) -> float:
-    """The same engine run with oneDNN packing off: what the scheduler alone is worth."""
+def _engine(args: argparse.Namespace):
     from gpu_worker.llm import LLM
 
-    saved = os.environ.get("FLEET_ONEDNN")
-    os.environ["FLEET_ONEDNN"] = "0"
-    try:
-        llm = LLM(args.model, kv_cache_memory=4 << 30, max_num_seqs=args.max_num_seqs,
-                  max_num_batched_tokens=args.max_num_batched_tokens)
-    finally:
-        if saved is None:
-            os.environ.pop("FLEET_ONEDNN")
-        else:
-            os.environ["FLEET_ONEDNN"] = saved
+    return LLM(args.model, kv_cache_memory=4 << 30, max_num_seqs=args.max_num_seqs,
+               max_num_batched_tokens=args.max_num_batched_tokens)
+
+
+def _engine_without_onednn(args: argparse.Namespace, items: list[WorkItem]) -> float:
+    """The same engine run with oneDNN packing off: what the scheduler alone is worth."""
+    from unittest import mock
+
+    with mock.patch.dict(os.environ, {"FLEET_ONEDNN": "0"}):
+        llm = _engine(args)
     seconds, _ = _run_engine(llm, items)
     return sum(i.max_tokens for i in items) / seconds
 

@@ -25,9 +25,11 @@ def torch_dtype(name: str) -> torch.dtype:
     return DTYPES[name]
 
 
-def build_model(config: EngineConfig, cfg: ModelConfig, model_dir: Path, max_model_len: int) -> LlamaForCausalLM:
+def build_model(config: EngineConfig, cfg: ModelConfig, model_dir: Path, max_model_len: int,
+                tokenizer) -> LlamaForCausalLM:
     """Weights loaded, moved to the device, cast, then (last, so scales keep float32)
-    weight-only quantized if asked."""
+    weight-only quantized if asked, with calibration text from ``tokenizer``; else packed
+    for oneDNN on the CPU."""
     device = torch.device(config.device)
     model = LlamaForCausalLM(cfg, select_ops(device), max_positions=max_model_len)
     model.load_hf_state_dict(load_state_dict(model_dir))
@@ -35,9 +37,8 @@ def build_model(config: EngineConfig, cfg: ModelConfig, model_dir: Path, max_mod
     if config.quantization:
         from gpu_worker.model.calibration import calibration_sequences
         from gpu_worker.model.quant import quantize_model
-        from gpu_worker.tokenizer import Tokenizer
 
-        quantize_model(model, config.quantization, calibration=calibration_sequences(Tokenizer(model_dir)))
+        quantize_model(model, config.quantization, calibration=calibration_sequences(tokenizer))
     else:
         pack_for_cpu(model)
     return model

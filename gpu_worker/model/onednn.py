@@ -83,5 +83,6 @@ def pack_for_cpu(model: nn.Module) -> int:
         setattr(parent, name, PackedLinear(child.weight, child.bias))
     if isinstance(head, torch.Tensor) and head.numel():
         model.packed_head = PackedLinear(head)
-    logger.info("oneDNN: %d linear layers%s packed", len(targets), " and the LM head" if head is not None else "")
+    logger.info("oneDNN: %d linear layers%s packed", len(targets),
+                " and the LM head" if getattr(model, "packed_head", None) is not None else "")
     return len(targets)

@@ -145,12 +145,18 @@ def _quantize_linear(lin: Linear, method: str, group_size: int, use_triton: bool
     return q
 
 
+def _projections(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
+    """(parent, name, module) of every float projection that quantization replaces. The LM
+    head (also when oneDNN-packed, as ``packed_head``) stays in float."""
+    head = getattr(model, "packed_head", None)
+    return [(parent, name, child) for parent in model.modules()
+            for name, child in parent.named_children()
+            if isinstance(child, (Linear, PackedLinear)) and child is not head]
+
+
 def _swap_linears(model: nn.Module, make) -> int:
-    """Replace every Linear of model by make(linear); returns how many. The LM head (also
-    when oneDNN-packed, as ``packed_head``) stays in float, as before quantization."""
-    targets = [(parent, name, child) for parent in model.modules()
-               for name, child in parent.named_children()
-               if isinstance(child, (Linear, PackedLinear)) and name != "packed_head"]
+    """Replace every projection of model by make(projection); returns how many."""
+    targets = _projections(model)
     for parent, name, child in targets:
         setattr(parent, name, make(child))
     return len(targets)
@@ -168,9 +174,8 @@ def quantize_model(model: nn.Module, spec: str, *, use_triton: bool | None = Non
     groups: set[int] = set()
     rows: dict[nn.Module, torch.Tensor] = {}
     if method == "int4" and calibration:
-        head = getattr(model, "packed_head", None)
-        rows = linear_inputs(model, calibration,
-                             lambda m: isinstance(m, (Linear, PackedLinear)) and m is not head)
+        targets = {child for _, _, child in _projections(model)}
+        rows = linear_inputs(model, calibration, lambda m: m in targets)
 
     def make(lin: Linear) -> nn.Module:
         q = _quantize_linear(lin, method, group, use_triton, rows.get(lin))
