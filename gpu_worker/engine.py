@@ -64,7 +64,8 @@ class EngineCore:
                                                        max_num_seqs=config.max_num_seqs,
                                                        max_model_len=self.max_model_len,
                                                        block_size=config.block_size)
-        self.speculator = build_speculator(config, self.model, self.runner, self.kv, num_blocks, self.tokenizer)
+        self.speculator = build_speculator(config, self.model, self.runner, self.kv, num_blocks, self.tokenizer,
+                                           self.model_dir)
         self.num_steps = 0
         logger.info("engine ready in %.1fs: %s, %d layers, %d KV blocks of %d tokens (%.0f MiB), %s %s%s",
                     time.perf_counter() - t0, self.model_dir.name, cfg.num_layers, num_blocks,

@@ -28,17 +28,16 @@ def torch_dtype(name: str) -> torch.dtype:
 def build_model(config: EngineConfig, cfg: ModelConfig, model_dir: Path, max_model_len: int,
                 tokenizer) -> LlamaForCausalLM:
     """Weights loaded, moved to the device, cast, then (last, so scales keep float32)
-    weight-only quantized if asked, with calibration text from ``tokenizer``; else packed
-    for oneDNN on the CPU."""
+    weight-only quantized if asked, INT4 calibrated with ``tokenizer``'s text (once: the
+    result is cached, ``quant_cache.py``); else packed for oneDNN on the CPU."""
     device = torch.device(config.device)
     model = LlamaForCausalLM(cfg, select_ops(device), max_positions=max_model_len)
     model.load_hf_state_dict(load_state_dict(model_dir))
     model.eval().to(device=device, dtype=torch_dtype(config.dtype))
     if config.quantization:
-        from gpu_worker.model.calibration import calibration_sequences
-        from gpu_worker.model.quant import quantize_model
+        from gpu_worker.model.quant_cache import quantize_for_serving
 
-        quantize_model(model, config.quantization, calibration=calibration_sequences(tokenizer))
+        quantize_for_serving(model, config.quantization, model_dir, tokenizer)
     else:
         pack_for_cpu(model)
     return model

@@ -30,8 +30,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.quantize import dequantize_int4, quantize_int4, quantize_int8
-from gpu_worker.model.calibration import linear_inputs, search_input_scales
+from kernels.quantize import dequantize_int4, quantize_int8
+from gpu_worker.model.calibration import LayerInputs, layer_inputs, search_input_scales
+from gpu_worker.model.gptq import gptq_int4
 from gpu_worker.model.int4_fit import fit_int4
 from gpu_worker.model.llama import Linear
 from gpu_worker.model.onednn import PackedLinear
@@ -124,19 +125,24 @@ def _empty_quantized(lin: Linear, method: str, group_size: int, use_triton: bool
 
 
 def _quantize_linear(lin: Linear, method: str, group_size: int, use_triton: bool,
-                     calibration_rows: torch.Tensor | None = None) -> nn.Module:
-    """Quantized copy of ``lin``; INT4 with activation-aware input scales when calibration
-    rows (inputs the layer received) are given."""
+                     inputs: LayerInputs | None = None) -> nn.Module:
+    """Quantized copy of ``lin``. INT4 given calibration ``inputs`` (what the layer received):
+    activation-aware input scales, then GPTQ; without: a least-squares fit per group."""
     weight = lin.weight
-    scaled = method == "int4" and calibration_rows is not None
-    q = _empty_quantized(lin, method, group_size, use_triton, scaled).to(weight.device)
+    calibrated = method == "int4" and inputs is not None
+    q = _empty_quantized(lin, method, group_size, use_triton, calibrated).to(weight.device)
     with torch.no_grad():
         if method == "int8":
             q.qweight, q.scale = quantize_int8(weight)
-        elif scaled:
+        elif calibrated:
             g = q.group_size
-            s, _ = search_input_scales(weight, calibration_rows, lambda w: dequantize_int4(*quantize_int4(w, g), g))
-            q.packed, q.scales, q.mins = fit_int4(weight.float() * s, g)
+
+            def quantize_dequantize(w: torch.Tensor, importance: torch.Tensor) -> torch.Tensor:
+                return dequantize_int4(*fit_int4(w, g, importance, shrink=(1.0, 0.9, 0.8), iterations=2), g)
+
+            s, _ = search_input_scales(weight, inputs, quantize_dequantize)
+            h = inputs.second_moment.to(s.device) / (s[:, None] * s[None, :])
+            q.packed, q.scales, q.mins = gptq_int4(weight.float() * s, h, g)
             q.input_scale.copy_(s)
         else:
             q.packed, q.scales, q.mins = fit_int4(weight, q.group_size)
@@ -167,18 +173,18 @@ def quantize_model(model: nn.Module, spec: str, *, use_triton: bool | None = Non
     """Swap model's Linear modules for quantized ones, in place, on the weights' device.
     ``use_triton`` defaults to the model's ops backend being ``triton``. For INT4,
     ``calibration`` (token sequences, e.g. ``calibration.calibration_sequences``) turns on
-    activation-aware input scales."""
+    activation-aware input scales and GPTQ."""
     method, group = parse_method(spec)
     if use_triton is None:
         use_triton = getattr(getattr(model, "ops", None), "name", "torch") == "triton"
     groups: set[int] = set()
-    rows: dict[nn.Module, torch.Tensor] = {}
+    stats: dict[nn.Module, LayerInputs] = {}
     if method == "int4" and calibration:
         targets = {child for _, _, child in _projections(model)}
-        rows = linear_inputs(model, calibration, lambda m: m in targets)
+        stats = layer_inputs(model, calibration, lambda m: m in targets)
 
     def make(lin: Linear) -> nn.Module:
-        q = _quantize_linear(lin, method, group, use_triton, rows.get(lin))
+        q = _quantize_linear(lin, method, group, use_triton, stats.get(lin))
         groups.add(getattr(q, "group_size", 0))
         return q
 
@@ -187,7 +193,7 @@ def quantize_model(model: nn.Module, spec: str, *, use_triton: bool | None = Non
         logger.info("int4: requested group %d; layers use groups %s (in_features not divisible)", group,
                     sorted(groups))
     logger.info("quantized %d linear layers to %s (%s kernels%s)", n, spec, "triton" if use_triton else "torch",
-                ", activation-aware" if rows else "")
+                ", activation-aware + GPTQ" if stats else "")
     return model
 
 

@@ -5,7 +5,6 @@ import logging
 
 from gpu_worker.config import EngineConfig
 from gpu_worker.errors import ModelLoadError
-from gpu_worker.model.calibration import calibration_sequences
 from gpu_worker.spec.model_draft import draft_model_drafter, early_exit_drafter, quantized_self_drafter
 from gpu_worker.spec.ngram import NgramProposer
 from gpu_worker.spec.speculator import Speculator
@@ -16,8 +15,9 @@ PROPOSERS = ("ngram", "draft", "self")
 
 
 def build_speculator(config: EngineConfig, model, runner, kv, num_blocks: int,
-                     tokenizer=None) -> Speculator | None:
-    """``tokenizer`` (the target's) provides calibration text for an INT4 self-draft."""
+                     tokenizer=None, model_dir=None) -> Speculator | None:
+    """``tokenizer`` (the target's) provides calibration text for an INT4 self-draft, cached
+    by ``model_dir``."""
     kind = config.speculative
     if kind is None:
         return None
@@ -28,9 +28,8 @@ def build_speculator(config: EngineConfig, model, runner, kv, num_blocks: int,
     if kind == "ngram":
         proposer = NgramProposer()
     elif kind == "self" and config.self_draft_quantization:
-        calibration = calibration_sequences(tokenizer) if tokenizer is not None else None
         proposer = quantized_self_drafter(model, runner.kv_caches, config.self_draft_quantization,
-                                          config.block_size, runner.device, calibration)
+                                          config.block_size, runner.device, model_dir, tokenizer)
     elif kind == "self":
         layers = config.self_draft_layers or max(1, model.cfg.num_layers // 4)
         proposer = early_exit_drafter(model, runner.kv_caches, layers, config.block_size, runner.device)

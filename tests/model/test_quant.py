@@ -46,6 +46,7 @@ def test_tiny_model_quantized_keeps_greedy_choices_and_saves_memory(tiny_llama_d
 @pytest.mark.parametrize("cls, kwargs", [(Int8Linear, {}), (Int4Linear, {"group_size": 32})])
 def test_triton_and_cpu_forward_paths_agree(cls, kwargs):
     pytest.importorskip("triton")
+    from gpu_worker.model.calibration import LayerInputs
     from gpu_worker.model.llama import Linear
     from gpu_worker.model.quant import _quantize_linear
 
@@ -55,9 +56,9 @@ def test_triton_and_cpu_forward_paths_agree(cls, kwargs):
     lin.bias.normal_()
     method = "int8" if cls is Int8Linear else "int4"
     # int4 with activation-aware input scales, whose division both paths must apply
-    rows = torch.randn(32, 64) * torch.linspace(0.5, 8, 64) if method == "int4" else None
-    cpu = _quantize_linear(lin, method, kwargs.get("group_size", 128), use_triton=False, calibration_rows=rows)
-    tri = _quantize_linear(lin, method, kwargs.get("group_size", 128), use_triton=True, calibration_rows=rows)
+    rows = LayerInputs.from_rows(torch.randn(32, 64) * torch.linspace(0.5, 8, 64)) if method == "int4" else None
+    cpu = _quantize_linear(lin, method, kwargs.get("group_size", 128), use_triton=False, inputs=rows)
+    tri = _quantize_linear(lin, method, kwargs.get("group_size", 128), use_triton=True, inputs=rows)
     x = torch.randn(5, 64)
     torch.testing.assert_close(tri(x), cpu(x), rtol=1e-4, atol=1e-4)
     rel_err = (cpu(x) - lin(x)).norm() / lin(x).norm()
@@ -82,7 +83,7 @@ def test_activation_aware_scales_cut_the_output_error_on_unseen_rows():
     """Inputs with a few loud channels (as real activations have): scaling those channels
     before group-wise INT4 gives a smaller output error than plain quantization, on rows
     the search never saw."""
-    from gpu_worker.model.calibration import search_input_scales
+    from gpu_worker.model.calibration import LayerInputs, search_input_scales
     from kernels.quantize import dequantize_int4, quantize_int4
 
     torch.manual_seed(0)
@@ -93,10 +94,10 @@ def test_activation_aware_scales_cut_the_output_error_on_unseen_rows():
     def rows(n):
         return torch.randn(n, 256) * loud
 
-    def qdq(m):
+    def qdq(m, _importance=None):
         return dequantize_int4(*quantize_int4(m, 64), 64)
 
-    s, alpha = search_input_scales(w, rows(512), qdq)
+    s, alpha = search_input_scales(w, LayerInputs.from_rows(rows(512)), qdq)
     assert alpha > 0
     x = rows(512)
     plain = (x @ qdq(w).t() - x @ w.t()).norm()
@@ -111,13 +112,14 @@ def test_smollm2_int8_and_int4_agree_with_fp32():
     fp32 = LLM(kv_cache_memory=64 << 20)
     from gpu_worker import SamplingParams
 
-    prompts = [fp32.encode([{"role": "user", "content": q}]) for q in PROMPTS[:3]]
+    prompts = [fp32.encode([{"role": "user", "content": q}]) for q in PROMPTS[:8]]
     ref = [o.token_ids for o in fp32.generate(prompts, SamplingParams(temperature=0, ignore_eos=True,
-                                                                      max_tokens=16))]
-    # 32 prompts x 64 tokens (fleet bench quant): int8 97.6%, int4 (group 128/64) 82.0% with
-    # activation-aware scales (76.1% without); int4-g32 100% only because SmolLM2 ships as GGUF
-    # Q4_1 (4-bit, groups of 32): g32 re-finds its grid. Quantized at load, as --quantization does.
-    for spec, target in (("int8", 0.95), ("int4", 0.7)):
+                                                                      max_tokens=32))]
+    # 32 prompts x 64 tokens (fleet bench quant): int8 97.6%, int4 (group 128/64) 87.3%
+    # calibrated (76.1% without); int4-g32 100% only because SmolLM2 ships as GGUF Q4_1 (4-bit,
+    # groups of 32): g32 re-finds its grid. Quantized at load (or from the cache), as
+    # --quantization does; on this sample of 256 tokens int4 gave 0.87.
+    for spec, target in (("int8", 0.95), ("int4", 0.8)):
         q = LLM(kv_cache_memory=64 << 20, quantization=spec)
         tf = [teacher_forced_argmax(q.engine.model, p, c) for p, c in zip(prompts, ref)]
         assert agreement(ref, tf)["token_agreement"] >= target, spec

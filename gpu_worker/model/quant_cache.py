@@ -1,0 +1,74 @@
+"""Quantize at load, once: calibrated INT4 checkpoints are kept in the user cache.
+
+Calibrated INT4 (the model's own replies as calibration text, activation-aware scales,
+GPTQ; see ``calibration.py``) takes one to two minutes on a 2-core CPU. The result is
+saved with ``save_quantized`` under ``<cache>/quantized/`` keyed by the model files
+(names, sizes, modification times), the spec, the dtype and the recipe version, so later
+starts load it in about a second, and a changed model or recipe is quantized afresh.
+Several workers starting at once each quantize and the first to finish publishes (an
+atomic rename). ``FLEET_QUANT_CACHE=0`` turns the cache off. INT8 and uncalibrated INT4 take
+well under a second and are not cached.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+
+from torch import nn
+
+from gpu_worker.model.calibration import calibration_sequences
+from gpu_worker.model.default_model import cache_root
+from gpu_worker.model.quant import CHECKPOINT_META, load_quantized, parse_method, quantize_model, save_quantized
+
+logger = logging.getLogger(__name__)
+
+RECIPE = "int4-selfgen-awq-gptq-1"   # change whenever calibration or fitting changes its output
+
+
+def quantize_for_serving(model: nn.Module, spec: str, model_dir: Path | None, tokenizer) -> None:
+    """Quantize ``model`` in place as ``--quantization spec`` asks: INT4 calibrated with
+    ``tokenizer``'s text (from the cache when this model was quantized so before)."""
+    method, _ = parse_method(spec)
+    if method != "int4" or tokenizer is None:
+        quantize_model(model, spec)
+        return
+    path = _cache_path(model, spec, model_dir)
+    if path is not None and (path / CHECKPOINT_META).exists():
+        t0 = time.perf_counter()
+        load_quantized(model, path)
+        logger.info("%s weights loaded from the cache %s in %.1fs", spec, path, time.perf_counter() - t0)
+        return
+    t0 = time.perf_counter()
+    quantize_model(model, spec, calibration=calibration_sequences(tokenizer, model))
+    logger.info("%s calibrated and quantized in %.1fs", spec, time.perf_counter() - t0)
+    if path is not None:
+        _publish(model, spec, path)
+
+
+def _cache_path(model: nn.Module, spec: str, model_dir: Path | None) -> Path | None:
+    if model_dir is None or os.environ.get("FLEET_QUANT_CACHE", "1") == "0":
+        return None
+    h = hashlib.sha256(f"{RECIPE}|{spec}|{model.embed.dtype}".encode())
+    for f in sorted(Path(model_dir).iterdir()):
+        if f.is_file():
+            st = f.stat()
+            h.update(f"|{f.name}|{st.st_size}|{st.st_mtime_ns}".encode())
+    return cache_root() / "quantized" / f"{Path(model_dir).name}-{spec}-{h.hexdigest()[:16]}"
+
+
+def _publish(model: nn.Module, spec: str, path: Path) -> None:
+    """Write into a private folder, then rename it into place; losing a race (or a disk
+    error) only costs the next start a new quantization."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        save_quantized(model, spec, tmp)
+        os.rename(tmp, path)
+        logger.info("%s weights cached in %s", spec, path)
+    except OSError as e:
+        logger.warning("could not cache the %s weights in %s: %s", spec, path, e)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
