@@ -1,4 +1,4 @@
-"""The engine side of the ``fleet`` command: ``worker`` and ``bench ...``.
+"""The engine side of the ``fleet`` command: ``worker``, ``quantize`` and ``bench ...``.
 
 ``producer.cli`` is the front door and hands these sub-commands over lazily, so the
 producer side installs and runs without torch. Each sub-command lives in its own module
@@ -14,6 +14,7 @@ import sys
 # sub-command path -> (module, help)
 COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("worker",): ("gpu_worker.edge.cli", "run a worker: pull requests from Redis, stream tokens back"),
+    ("quantize",): ("gpu_worker.model.quantize_cmd", "calibrate + quantize a model once, into the cache"),
     ("bench", "throughput"): ("gpu_worker.bench.throughput", "engine vs transformers, in-process"),
     ("bench", "e2e"): ("gpu_worker.edge.bench_e2e", "the fleet through Redis vs the in-process engine"),
     ("bench", "spec"): ("gpu_worker.bench.spec", "speculative decoding proposers, side by side"),

@@ -1,4 +1,4 @@
-"""``fleet``: the front door. Producer commands here; ``worker``/``bench`` go to gpu_worker.
+"""``fleet``: the front door. Producer commands here; ``worker``/``quantize``/``bench`` go to gpu_worker.
 
 The engine side is imported only when asked for, so the producer runs without torch.
 """
@@ -12,7 +12,7 @@ import sys
 from producer.client import AsyncFleetClient, default_redis_url
 from producer.errors import RequestFailed
 
-ENGINE_COMMANDS = frozenset({"worker", "bench"})  # mirrors gpu_worker.cli.ENGINE_COMMANDS
+ENGINE_COMMANDS = frozenset({"worker", "quantize", "bench"})  # mirrors gpu_worker.cli.ENGINE_COMMANDS
 
 
 def _engine_commands() -> frozenset[str]:
@@ -52,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
         module.add_parser(sub, add_common)
     parser.add_argument("-v", "--verbose", action="store_true")
     sub.add_parser("worker", help="run a worker (engine side)")
+    sub.add_parser("quantize", help="quantize a model once, into the cache (engine side)")
     sub.add_parser("bench", help="benchmarks (engine side)")
     return parser
 

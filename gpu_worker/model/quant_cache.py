@@ -36,7 +36,7 @@ def quantize_for_serving(model: nn.Module, spec: str, model_dir: Path | None, to
     if method != "int4" or tokenizer is None:
         quantize_model(model, spec)
         return
-    path = _cache_path(model, spec, model_dir)
+    path = cache_path(model, spec, model_dir)
     if path is not None and (path / CHECKPOINT_META).exists():
         t0 = time.perf_counter()
         load_quantized(model, path)
@@ -49,7 +49,8 @@ def quantize_for_serving(model: nn.Module, spec: str, model_dir: Path | None, to
         _publish(model, spec, path)
 
 
-def _cache_path(model: nn.Module, spec: str, model_dir: Path | None) -> Path | None:
+def cache_path(model: nn.Module, spec: str, model_dir: Path | None) -> Path | None:
+    """Where the calibrated checkpoint of this model, spec and dtype lives (None: no cache)."""
     if model_dir is None or os.environ.get("FLEET_QUANT_CACHE", "1") == "0":
         return None
     h = hashlib.sha256(f"{RECIPE}|{spec}|{model.embed.dtype}".encode())

@@ -113,3 +113,15 @@ def test_quantized_model_still_serves_a_batch(tiny_qwen_dir, tmp_path, monkeypat
     llm = LLM(tiny_qwen_dir, kv_cache_memory=8 << 20, quantization=spec)
     outs = llm.generate([list(range(100, 120)), list(range(50, 53))], SamplingParams(temperature=0, max_tokens=5))
     assert [len(o.token_ids) for o in outs] == [5, 5]
+
+
+def test_fleet_quantize_fills_the_cache_workers_then_load(tiny_llama_dir, tmp_path, monkeypatch, capsys, caplog):
+    from producer.cli import main
+
+    monkeypatch.setenv("FLEET_CACHE_DIR", str(tmp_path))
+    assert main(["quantize", "--model", str(tiny_llama_dir)]) == 0
+    printed = capsys.readouterr().out.strip().splitlines()[-1]
+    assert printed.startswith(str(tmp_path / "quantized")) and (tmp_path / "quantized").exists()
+    with caplog.at_level("INFO", logger="gpu_worker.model.quant_cache"):
+        LLM(tiny_llama_dir, kv_cache_memory=8 << 20, quantization="int4")
+    assert "loaded from the cache" in caplog.text
