@@ -106,8 +106,11 @@ def calibration_sequences(tokenizer, model=None) -> list[list[int]]:
     seqs = [prompt_ids(q) + tokenizer.encode(a) for q, a in CONVERSATIONS]
     if model is not None:
         prompts = [prompt_ids(q) for q in QUESTIONS]
-        seqs += [p + r for p, r in zip(prompts, greedy_replies(model, prompts, REPLY_TOKENS))]
-    return seqs
+        room = model.cos_table.shape[0] - max(map(len, prompts))    # the model's positions
+        if room > 0:
+            seqs += [p + r for p, r in zip(prompts, greedy_replies(model, prompts, min(REPLY_TOKENS, room)))]
+    limit = model.cos_table.shape[0] if model is not None else None
+    return [s[:limit] for s in seqs]
 
 
 def _fresh_caches(model, num_blocks: int, block_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:

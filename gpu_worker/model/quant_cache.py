@@ -54,11 +54,12 @@ def cache_path(model: nn.Module, spec: str, model_dir: Path | None) -> Path | No
     if model_dir is None or os.environ.get("FLEET_QUANT_CACHE", "1") == "0":
         return None
     h = hashlib.sha256(f"{RECIPE}|{spec}|{model.embed.dtype}".encode())
-    for f in sorted(Path(model_dir).iterdir()):
+    model_dir = Path(model_dir)
+    for f in sorted(model_dir.iterdir()) if model_dir.is_dir() else [model_dir]:
         if f.is_file():
             st = f.stat()
             h.update(f"|{f.name}|{st.st_size}|{st.st_mtime_ns}".encode())
-    return cache_root() / "quantized" / f"{Path(model_dir).name}-{spec}-{h.hexdigest()[:16]}"
+    return cache_root() / "quantized" / f"{model_dir.name}-{spec}-{h.hexdigest()[:16]}"
 
 
 def _publish(model: nn.Module, spec: str, path: Path) -> None:

@@ -125,3 +125,17 @@ def test_fleet_quantize_fills_the_cache_workers_then_load(tiny_llama_dir, tmp_pa
     with caplog.at_level("INFO", logger="gpu_worker.model.quant_cache"):
         LLM(tiny_llama_dir, kv_cache_memory=8 << 20, quantization="int4")
     assert "loaded from the cache" in caplog.text
+
+
+def test_calibration_fits_a_short_context(tmp_path, monkeypatch):
+    """A model with fewer positions than the calibration text: replies and exchanges are cut
+    to fit, and quantization still works."""
+    from gpu_worker.model.calibration import calibration_sequences
+    from gpu_worker.testing import make_tiny_model
+
+    monkeypatch.setenv("FLEET_CACHE_DIR", str(tmp_path))
+    short = make_tiny_model(tmp_path / "short", "llama", max_position_embeddings=96)
+    llm = LLM(short, kv_cache_memory=8 << 20)
+    seqs = calibration_sequences(llm.tokenizer, llm.engine.model)
+    assert seqs and max(map(len, seqs)) <= 96
+    LLM(short, kv_cache_memory=8 << 20, quantization="int4")
