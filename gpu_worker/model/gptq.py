@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from gpu_worker.model.int4_fit import fit_int4
+from gpu_worker.model.int4_fit import QUICK, fit_int4
 from kernels.quantize import INT4_MAX_CODE
 
 DAMP = 0.1      # added to H's diagonal, as a fraction of its mean (measured best on SmolLM2 of 0.01 / 0.1)
@@ -40,7 +40,7 @@ def gptq_int4(w: torch.Tensor, hessian: torch.Tensor, group_size: int, damp: flo
     for g0 in range(0, k, group_size):
         g1 = g0 + group_size
         block = w[:, g0:g1]                 # a view: corrected in place column by column
-        _, s, m = fit_int4(block, group_size, importance[g0:g1], shrink=(1.0, 0.9, 0.8), iterations=2)
+        _, s, m = fit_int4(block, group_size, importance[g0:g1], **QUICK)
         scales[:, g0 // group_size], mins[:, g0 // group_size] = s[:, 0], m[:, 0]
         s, m = s[:, 0], m[:, 0]
         errors = torch.empty_like(block)

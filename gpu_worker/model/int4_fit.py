@@ -18,6 +18,8 @@ from kernels.quantize import INT4_MAX_CODE
 
 SHRINK = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75)
 ITERATIONS = 4
+# A cheaper search, for fits repeated many times (the scale search, each GPTQ group).
+QUICK = {"shrink": (1.0, 0.9, 0.8), "iterations": 2}
 
 
 @torch.no_grad()

@@ -33,7 +33,7 @@ from torch import nn
 from kernels.quantize import dequantize_int4, quantize_int8
 from gpu_worker.model.calibration import LayerInputs, layer_inputs, search_input_scales
 from gpu_worker.model.gptq import gptq_int4
-from gpu_worker.model.int4_fit import fit_int4
+from gpu_worker.model.int4_fit import QUICK, fit_int4
 from gpu_worker.model.llama import Linear
 from gpu_worker.model.onednn import PackedLinear
 
@@ -138,7 +138,7 @@ def _quantize_linear(lin: Linear, method: str, group_size: int, use_triton: bool
             g = q.group_size
 
             def quantize_dequantize(w: torch.Tensor, importance: torch.Tensor) -> torch.Tensor:
-                return dequantize_int4(*fit_int4(w, g, importance, shrink=(1.0, 0.9, 0.8), iterations=2), g)
+                return dequantize_int4(*fit_int4(w, g, importance, **QUICK), g)
 
             s, _ = search_input_scales(weight, inputs, quantize_dequantize)
             h = inputs.second_moment.to(s.device) / (s[:, None] * s[None, :])

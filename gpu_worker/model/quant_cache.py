@@ -3,7 +3,8 @@
 Calibrated INT4 (the model's own replies as calibration text, activation-aware scales,
 GPTQ; see ``calibration.py``) takes one to two minutes on a 2-core CPU. The result is
 saved with ``save_quantized`` under ``<cache>/quantized/`` keyed by the model files
-(names, sizes, modification times), the spec, the dtype and the recipe version, so later
+(names, sizes, modification times), the spec, the dtype, the positions the model was built
+for (the calibration text is cut to them) and the recipe version, so later
 starts load it in about a second, and a changed model or recipe is quantized afresh.
 Several workers starting at once each quantize and the first to finish publishes (an
 atomic rename). ``FLEET_QUANT_CACHE=0`` turns the cache off. INT8 and uncalibrated INT4 take
@@ -53,7 +54,8 @@ def cache_path(model: nn.Module, spec: str, model_dir: Path | None) -> Path | No
     """Where the calibrated checkpoint of this model, spec and dtype lives (None: no cache)."""
     if model_dir is None or os.environ.get("FLEET_QUANT_CACHE", "1") == "0":
         return None
-    h = hashlib.sha256(f"{RECIPE}|{spec}|{model.embed.dtype}".encode())
+    # The calibration text is cut to the model's positions (max_model_len): part of the key.
+    h = hashlib.sha256(f"{RECIPE}|{spec}|{model.embed.dtype}|{model.cos_table.shape[0]}".encode())
     model_dir = Path(model_dir)
     for f in sorted(model_dir.iterdir()) if model_dir.is_dir() else [model_dir]:
         if f.is_file():

@@ -98,6 +98,9 @@ def test_int4_calibrated_once_then_loaded_from_the_cache(tiny_llama_dir, tmp_pat
     assert torch.equal(forward_logits(first, ids), forward_logits(second, ids))
     LLM(tiny_llama_dir, kv_cache_memory=8 << 20, quantization="int4-g32")      # another spec: another entry
     assert len(list((tmp_path / "quantized").iterdir())) == 2
+    # fewer positions cut the calibration text shorter: another entry too
+    LLM(tiny_llama_dir, kv_cache_memory=8 << 20, quantization="int4", max_model_len=64)
+    assert len(list((tmp_path / "quantized").iterdir())) == 3
 
 
 def test_quant_cache_can_be_turned_off(tiny_llama_dir, tmp_path, monkeypatch):
