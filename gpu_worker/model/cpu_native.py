@@ -1,0 +1,36 @@
+"""The C kernels of ``kernels/cpu`` for this process: built once into the user cache, on the
+first CPU model (``FLEET_CPU_KERNELS=0`` keeps the torch path everywhere)."""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+from gpu_worker.model.default_model import cache_root
+
+logger = logging.getLogger(__name__)
+
+_lock = threading.Lock()
+_loaded = False
+_kernels = None
+
+
+def enabled() -> bool:
+    return os.environ.get("FLEET_CPU_KERNELS", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def cpu_kernels():
+    """The loaded :class:`kernels.cpu.CpuKernels`, or None (switched off, or no compiler)."""
+    global _loaded, _kernels
+    if not enabled():
+        return None
+    if not _loaded:
+        with _lock:
+            if not _loaded:
+                from kernels.cpu import load
+
+                _kernels = load(cache_root() / "cpu-kernels")
+                if _kernels is not None:
+                    logger.info("CPU kernels: %s", _kernels.path.name)
+                _loaded = True
+    return _kernels

@@ -1,0 +1,132 @@
+"""C kernels for the CPU path, compiled at first use and called through ctypes.
+
+The source ships with the package; :func:`load` compiles it once per machine with the
+system C compiler (``$CC``, else ``cc``/``gcc``), ``-O3 -march=native -fopenmp``, into a
+cache folder, and reuses the library on later starts. The cache key covers the source, the
+flags, the compiler's version and the CPU's flags, so another machine kind or a changed
+kernel gets its own build. A missing compiler or a failed build returns None: callers keep
+their torch path.
+
+The OpenMP runtime: ``-fopenmp`` links ``libgomp.so.1``, the soname of the libgomp that
+torch's CPU wheels bundle and have already loaded, so the kernels run on torch's own thread
+pool rather than a second one that would compete with it for the cores.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+SOURCES = ("paged_decode.c",)
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
+_P, _I64 = ctypes.c_void_p, ctypes.c_int64
+
+
+class CpuKernels:
+    """The loaded library, with checked wrappers."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        lib = ctypes.CDLL(str(path))
+        self._decode = lib.fleet_paged_decode_f32
+        self._decode.restype = ctypes.c_int
+        self._decode.argtypes = [_P, _P, _P, _P, _I64, _P, _I64, _I64, _I64, _I64, _I64,
+                                 ctypes.c_float, _P, ctypes.c_int]
+        self._vectorized = lib.fleet_paged_decode_vectorized
+        self._vectorized.restype = ctypes.c_int
+        self._vectorized.argtypes = [_I64, _I64]
+
+    def vectorized(self, head_dim: int, block_size: int) -> bool:
+        """Whether the SIMD path (rather than the portable loops) serves this shape."""
+        return bool(self._vectorized(head_dim, block_size))
+
+    def paged_decode(
+        self,
+        q: torch.Tensor,             # [n, heads, head_dim] float32, contiguous
+        k_cache: torch.Tensor,       # [num_blocks, block_size, kv_heads, head_dim] float32, contiguous
+        v_cache: torch.Tensor,
+        block_tables: torch.Tensor,  # [n, >= blocks of the longest] int64, rows contiguous
+        seq_lens: torch.Tensor,      # [n] int64: context length, new token included (already stored)
+        scale: float,
+        out: torch.Tensor,           # [n, heads, head_dim] float32, contiguous; written
+    ) -> torch.Tensor:
+        n, heads, head_dim = q.shape
+        _, block_size, kv_heads, cache_dim = k_cache.shape
+        _check(q.dtype == k_cache.dtype == v_cache.dtype == out.dtype == torch.float32, "float32 tensors")
+        _check(all(t.device.type == "cpu" for t in (q, k_cache, v_cache, out, block_tables, seq_lens)), "CPU tensors")
+        _check(q.is_contiguous() and out.is_contiguous() and k_cache.is_contiguous() and v_cache.is_contiguous(),
+               "contiguous q, out and caches")
+        _check(out.shape == q.shape and v_cache.shape == k_cache.shape and cache_dim == head_dim
+               and heads % kv_heads == 0, "matching shapes")
+        _check(block_tables.dtype == seq_lens.dtype == torch.int64 and block_tables.dim() == 2
+               and block_tables.shape[0] == n == seq_lens.shape[0] and block_tables.stride(1) == 1
+               and seq_lens.is_contiguous(), "int64 block_tables [n, max_blocks] and seq_lens [n]")
+        rc = self._decode(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), block_tables.data_ptr(),
+                          block_tables.stride(0), seq_lens.data_ptr(), n, heads, kv_heads, head_dim,
+                          block_size, scale, out.data_ptr(), torch.get_num_threads())
+        _check(rc == 0, f"a shape the kernel serves (code {rc})")
+        return out
+
+
+def _check(ok: bool, what: str) -> None:
+    if not ok:
+        raise ValueError(f"paged_decode needs {what}")
+
+
+def load(cache_dir: Path) -> CpuKernels | None:
+    """Build (once) and load the kernels; None when there is no working C compiler."""
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        logger.info("CPU kernels: no C compiler found; using the torch path")
+        return None
+    try:
+        path = _build(cc, Path(cache_dir))
+        return CpuKernels(path)
+    except (OSError, subprocess.SubprocessError) as e:
+        logger.warning("CPU kernels: build or load failed (%s); using the torch path", e)
+        return None
+
+
+def _build(cc: str, cache_dir: Path) -> Path:
+    here = Path(__file__).parent
+    sources = [here / name for name in SOURCES]
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    key = hashlib.sha256()
+    for part in (*(s.read_bytes() for s in sources), " ".join(FLAGS).encode(), version.encode(),
+                 platform.machine().encode(), _cpu_flags().encode()):
+        key.update(part)
+    target = cache_dir / f"fleet_cpu_{key.hexdigest()[:16]}.so"
+    if target.exists():
+        return target
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=cache_dir, suffix=".so.tmp")
+    os.close(fd)
+    try:
+        proc = subprocess.run([cc, *FLAGS, *map(str, sources), "-o", tmp, "-lm"],
+                              capture_output=True, text=True, timeout=300)
+        if proc.returncode:
+            raise OSError(f"{cc} exited {proc.returncode}: {proc.stderr.strip()[-2000:]}")
+        os.replace(tmp, target)   # atomic: concurrent builders publish the same bytes
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    logger.info("CPU kernels built: %s", target)
+    return target
+
+
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line for line in f if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        return platform.processor()

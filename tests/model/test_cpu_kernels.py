@@ -1,0 +1,124 @@
+"""The C paged-decode kernel of kernels/cpu: built with the machine's compiler, it must agree
+with attention over the gathered context (float64 reference) on every shape it accepts, on
+both its SIMD and portable paths, and the engine must give the same greedy tokens with it
+and without it."""
+import random
+
+import pytest
+import torch
+
+from gpu_worker import LLM, SamplingParams
+from gpu_worker.model import cpu_native
+from gpu_worker.model.attention import AttentionMetadata, plan_cpu_attention
+
+kernels = cpu_native.cpu_kernels()
+pytestmark = pytest.mark.skipif(kernels is None, reason="no C compiler: the torch path is the only one")
+
+
+def _case(n, heads, kv_heads, head_dim, block_size, lens, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    blocks = [-(-length // block_size) for length in lens]
+    num_blocks = sum(blocks) + 3
+    order = list(range(num_blocks))
+    random.Random(seed).shuffle(order)    # scattered blocks, as after churn
+    tables = torch.zeros(n, max(blocks + [1]) + 2, dtype=torch.int64)   # wider than needed
+    used = 0
+    for i, b in enumerate(blocks):
+        tables[i, :b] = torch.tensor(order[used:used + b], dtype=torch.int64)
+        used += b
+    shape = (num_blocks, block_size, kv_heads, head_dim)
+    k_cache, v_cache = torch.randn(shape, generator=gen), torch.randn(shape, generator=gen)
+    q = torch.randn(n, heads, head_dim, generator=gen)
+    return q, k_cache, v_cache, tables, torch.tensor(lens, dtype=torch.int64)
+
+
+def _reference(q, k_cache, v_cache, tables, lens, scale):
+    n, heads, head_dim = q.shape
+    group = heads // k_cache.shape[2]
+    out = torch.zeros(n, heads, head_dim, dtype=torch.float64)
+    for i in range(n):
+        length = int(lens[i])
+        if length == 0:
+            continue
+        k = k_cache[tables[i]].flatten(0, 1)[:length].double()    # [len, kv_heads, d]
+        v = v_cache[tables[i]].flatten(0, 1)[:length].double()
+        for h in range(heads):
+            p = torch.softmax(k[:, h // group] @ q[i, h].double() * scale, dim=0)
+            out[i, h] = p @ v[:, h // group]
+    return out
+
+
+@pytest.mark.parametrize("heads,kv_heads,head_dim,block_size", [
+    (9, 3, 64, 16),      # SmolLM2
+    (8, 8, 64, 16),      # no grouping
+    (32, 8, 128, 16),    # Llama-3-8B
+    (4, 1, 32, 32),      # a block holds two tiles
+    (6, 2, 24, 16),      # head_dim not a multiple of 16: portable loops
+    (4, 2, 64, 8),       # block smaller than a tile: portable loops
+])
+@pytest.mark.parametrize("lens", [[1], [17, 3], [5, 16, 33, 1, 250, 64, 15, 2, 100]])
+def test_paged_decode_matches_attention_over_the_gathered_context(heads, kv_heads, head_dim, block_size, lens):
+    q, k_cache, v_cache, tables, seq_lens = _case(len(lens), heads, kv_heads, head_dim, block_size, lens)
+    scale = head_dim ** -0.5
+    out = torch.full_like(q, float("nan"))
+    kernels.paged_decode(q, k_cache, v_cache, tables, seq_lens, scale, out)
+    torch.testing.assert_close(out.double(), _reference(q, k_cache, v_cache, tables, seq_lens, scale),
+                               rtol=1e-5, atol=2e-6)
+
+
+def test_the_simd_path_serves_the_common_shapes():
+    import platform
+
+    flags = open("/proc/cpuinfo").read() if platform.system() == "Linux" else ""
+    if " avx512f " not in flags:
+        pytest.skip("no AVX-512 here: the portable loops serve every shape")
+    assert kernels.vectorized(64, 16) and kernels.vectorized(128, 32)
+    assert not kernels.vectorized(24, 16) and not kernels.vectorized(64, 8)
+
+
+def test_an_empty_context_gives_zeros_and_bad_input_raises():
+    q, k_cache, v_cache, tables, lens = _case(2, 4, 2, 64, 16, [0, 5])
+    out = torch.full_like(q, float("nan"))
+    kernels.paged_decode(q, k_cache, v_cache, tables, lens, 0.125, out)
+    assert torch.equal(out[0], torch.zeros_like(out[0])) and torch.isfinite(out[1]).all()
+    with pytest.raises(ValueError, match="float32"):
+        kernels.paged_decode(q.double(), k_cache, v_cache, tables, lens, 0.125, out)
+    with pytest.raises(ValueError, match="int64"):
+        kernels.paged_decode(q, k_cache, v_cache, tables.int(), lens, 0.125, out)
+    with pytest.raises(ValueError, match="matching shapes"):
+        kernels.paged_decode(q[:, :3].contiguous(), k_cache, v_cache, tables, lens, 0.125, out)
+
+
+def test_the_plan_hands_decode_rows_to_the_kernel_and_the_switch_turns_it_off(monkeypatch):
+    meta = AttentionMetadata(torch.tensor([4, 20]), torch.tensor([[0], [1]]), [5, 9], [1, 1], 2, 16)
+    assert plan_cpu_attention(meta).decode_lens.tolist() == [5, 9]
+    monkeypatch.setenv("FLEET_CPU_KERNELS", "0")
+    assert plan_cpu_attention(meta).decode_lens is None
+
+
+@pytest.mark.parametrize("model", ["tiny_llama_dir", "tiny_qwen_dir"])
+def test_engine_tokens_are_the_same_with_and_without_the_kernel(model, request, monkeypatch):
+    model_dir = request.getfixturevalue(model)
+    prompts = [[(7 * i + j) % 90 + 3 for j in range(5 + 11 * i)] for i in range(6)]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    with_kernel = [o.token_ids for o in LLM(model_dir, kv_cache_memory=8 << 20).generate(prompts, params)]
+    monkeypatch.setenv("FLEET_CPU_KERNELS", "0")
+    without = [o.token_ids for o in LLM(model_dir, kv_cache_memory=8 << 20).generate(prompts, params)]
+    assert with_kernel == without
+
+
+def test_a_failing_compiler_leaves_the_torch_path(tmp_path, monkeypatch):
+    from kernels.cpu import load
+
+    monkeypatch.setenv("CC", "false")
+    assert load(tmp_path) is None
+    assert not list(tmp_path.glob("*.so*"))      # nothing half-written is left behind
+
+
+def test_the_build_is_cached(tmp_path):
+    from kernels.cpu import load
+
+    first = load(tmp_path)
+    assert first is not None and first.path.parent == tmp_path
+    mtime = first.path.stat().st_mtime_ns
+    assert load(tmp_path).path == first.path and first.path.stat().st_mtime_ns == mtime
