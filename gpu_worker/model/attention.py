@@ -3,9 +3,9 @@
 The KV cache of one layer is a pair of tensors ``[num_blocks, block_size, num_kv_heads,
 head_dim]``. A step's tokens are flat and unpadded; decode rows (one query token) come
 first, sorted by context length, then prefill chunks. Decodes are run as a few batched
-SDPA calls over length buckets (little padding), unless the C kernel of ``kernels/cpu`` is
-built: it then reads every decode row's K/V in place, in one call per layer (2-3x faster
-than gathering and SDPA on the machines measured; ``FLEET_CPU_KERNELS=0`` turns it off).
+SDPA calls over length buckets (little padding); the ``cpu`` ops backend plans them for the
+C kernel of ``kernels/cpu`` instead, which reads every decode row's K/V in place, in one
+call per layer (2-3x faster than gathering and SDPA on the machines measured).
 Each prefill chunk is one SDPA call, over its own new K/V when it has no cached prefix, else
 over its gathered context.
 """
@@ -80,9 +80,15 @@ def plan_cpu_attention(meta: AttentionMetadata) -> CpuAttentionPlan:
             prefills.append(_PrefillChunk(row, row + q_len, ctx,
                                           meta.block_tables[s, :_blocks_for(ctx, bs)], mask))
         row += q_len
-    native = meta.num_decodes and meta.block_tables.device.type == "cpu" and cpu_kernels() is not None
-    lens = torch.tensor(meta.seq_lens[:meta.num_decodes], dtype=torch.int64) if native else None
-    return CpuAttentionPlan(meta, prefills, lens)
+    return CpuAttentionPlan(meta, prefills, None)
+
+
+def plan_native_attention(meta: AttentionMetadata) -> CpuAttentionPlan:
+    """The same plan, with the decode rows handed to the C kernel (the ``cpu`` ops backend)."""
+    plan = plan_cpu_attention(meta)
+    if not meta.num_decodes or meta.block_tables.device.type != "cpu" or cpu_kernels() is None:
+        return plan
+    return CpuAttentionPlan(meta, plan.prefills, torch.tensor(meta.seq_lens[:meta.num_decodes], dtype=torch.int64))
 
 
 def _decode_buckets(meta: AttentionMetadata) -> list[_DecodeBucket]:
@@ -120,7 +126,8 @@ def cpu_paged_attention(
     v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, plan.meta.slot_mapping, v)
     out = torch.empty_like(q)
     nd = plan.meta.num_decodes
-    if nd and plan.decode_lens is not None and q.dtype == k_cache.dtype == torch.float32 and q.is_contiguous():
+    if nd and plan.decode_lens is not None and q.dtype == k_cache.dtype == torch.float32 and q.stride(2) == 1 \
+            and q.stride(1) == q.shape[2]:
         cpu_kernels().paged_decode(q[:nd], k_cache, v_cache, plan.meta.block_tables[:nd], plan.decode_lens,
                                    scale, out[:nd])
     else:

@@ -1,6 +1,9 @@
 """The model's compute ops, chosen once per model: the one switch between backends.
 
-``torch`` (default off CUDA): plain torch ops and the CPU paged attention.
+``cpu`` (default off CUDA): the C kernels of ``kernels/cpu`` for the glue between matmuls
+and for decode attention, torch for the rest (``cpu_ops.py``); ``torch`` where they cannot
+be built (no C compiler) or ``FLEET_CPU_KERNELS=0``.
+``torch``: plain torch ops and the CPU paged attention; the CPU reference.
 ``triton`` (default on CUDA): the Triton kernels in ``kernels/``. It also runs on CPU tensors
 under ``TRITON_INTERPRET=1``, which is how tests exercise the GPU path without a GPU; it is
 never chosen on the CPU unless asked for (``FLEET_OPS=triton``).
@@ -83,12 +86,20 @@ TORCH_OPS = ModelOps("torch", _torch_add_rms_norm, _torch_prepare_rope, _torch_r
 
 
 def select_ops(device: torch.device | str, override: str | None = None) -> ModelOps:
-    """``override`` (or ``FLEET_OPS``) forces ``torch`` or ``triton``."""
-    choice = override or os.environ.get("FLEET_OPS") or ("triton" if torch.device(device).type == "cuda" else "torch")
+    """``override`` (or ``FLEET_OPS``) forces ``cpu``, ``torch`` or ``triton``."""
+    choice = override or os.environ.get("FLEET_OPS") or ("triton" if torch.device(device).type == "cuda" else "cpu")
+    if choice == "cpu":
+        from gpu_worker.model.cpu_native import cpu_kernels
+
+        if cpu_kernels() is None:
+            return TORCH_OPS
+        from gpu_worker.model.cpu_ops import CPU_OPS
+
+        return CPU_OPS
     if choice == "torch":
         return TORCH_OPS
     if choice == "triton":
         from gpu_worker.model.triton_ops import TRITON_OPS
 
         return TRITON_OPS
-    raise ValueError(f"unknown ops backend {choice!r}; use 'torch' or 'triton'")
+    raise ValueError(f"unknown ops backend {choice!r}; use 'cpu', 'torch' or 'triton'")

@@ -27,8 +27,11 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-SOURCES = ("paged_decode.c",)
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
+SOURCES = ("paged_decode.c", "glue.c")
+HEADERS = ("simd.h",)
+# -ffp-contract=off: no fused multiply-adds beyond the ones the kernels ask for, so the glue
+# rounds as torch does (glue.c).
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC", "-std=gnu11")
 _P, _I64 = ctypes.c_void_p, ctypes.c_int64
 
 
@@ -40,8 +43,12 @@ class CpuKernels:
         lib = ctypes.CDLL(str(path))
         self._decode = lib.fleet_paged_decode_f32
         self._decode.restype = ctypes.c_int
-        self._decode.argtypes = [_P, _P, _P, _P, _I64, _P, _I64, _I64, _I64, _I64, _I64,
+        self._decode.argtypes = [_P, _I64, _P, _P, _P, _I64, _P, _I64, _I64, _I64, _I64, _I64,
                                  ctypes.c_float, _P, ctypes.c_int]
+        self._add_rms_norm = _fn(lib.fleet_add_rms_norm_f32, _P, _P, _P, _P, _I64, _I64, ctypes.c_float, ctypes.c_int)
+        self._rope = _fn(lib.fleet_rope_f32, _P, _I64, _P, _I64, _I64, _I64, _I64, _I64, _P, _P, _P, _I64,
+                         ctypes.c_int)
+        self._silu_mul = _fn(lib.fleet_silu_mul_f32, _P, _P, _I64, _I64, ctypes.c_int)
         self._vectorized = lib.fleet_paged_decode_vectorized
         self._vectorized.restype = ctypes.c_int
         self._vectorized.argtypes = [_I64, _I64]
@@ -52,7 +59,7 @@ class CpuKernels:
 
     def paged_decode(
         self,
-        q: torch.Tensor,             # [n, heads, head_dim] float32, contiguous
+        q: torch.Tensor,             # [n, heads, head_dim] float32, heads dense (rows may be strided)
         k_cache: torch.Tensor,       # [num_blocks, block_size, kv_heads, head_dim] float32, contiguous
         v_cache: torch.Tensor,
         block_tables: torch.Tensor,  # [n, >= blocks of the longest] int64, rows contiguous
@@ -64,18 +71,45 @@ class CpuKernels:
         _, block_size, kv_heads, cache_dim = k_cache.shape
         _check(q.dtype == k_cache.dtype == v_cache.dtype == out.dtype == torch.float32, "float32 tensors")
         _check(all(t.device.type == "cpu" for t in (q, k_cache, v_cache, out, block_tables, seq_lens)), "CPU tensors")
-        _check(q.is_contiguous() and out.is_contiguous() and k_cache.is_contiguous() and v_cache.is_contiguous(),
-               "contiguous q, out and caches")
+        _check(q.stride(2) == 1 and q.stride(1) == head_dim and out.is_contiguous() and k_cache.is_contiguous()
+               and v_cache.is_contiguous(), "dense q heads, contiguous out and caches")
         _check(out.shape == q.shape and v_cache.shape == k_cache.shape and cache_dim == head_dim
                and heads % kv_heads == 0, "matching shapes")
         _check(block_tables.dtype == seq_lens.dtype == torch.int64 and block_tables.dim() == 2
                and block_tables.shape[0] == n == seq_lens.shape[0] and block_tables.stride(1) == 1
                and seq_lens.is_contiguous(), "int64 block_tables [n, max_blocks] and seq_lens [n]")
-        rc = self._decode(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), block_tables.data_ptr(),
+        rc = self._decode(q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), block_tables.data_ptr(),
                           block_tables.stride(0), seq_lens.data_ptr(), n, heads, kv_heads, head_dim,
                           block_size, scale, out.data_ptr(), torch.get_num_threads())
         _check(rc == 0, f"a shape the kernel serves (code {rc})")
         return out
+
+
+    # -- the glue between matmuls (glue.c); callers check dtypes and layouts (cpu_ops.py) --
+    def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                     eps: float, out: torch.Tensor) -> None:
+        """residual += x (if given); out = rms_norm(residual or x) * weight. [n, h] float32, contiguous."""
+        n, h = x.shape
+        self._add_rms_norm(x.data_ptr(), 0 if residual is None else residual.data_ptr(), weight.data_ptr(),
+                           out.data_ptr(), n, h, eps, torch.get_num_threads())
+
+    def rope(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_table: torch.Tensor,
+             sin_table: torch.Tensor) -> None:
+        """Rotate-half RoPE in place: q [n, H, D], k [n, KVH, D] (row-strided, heads dense);
+        tables [max_pos, D] float32 with repeated halves; positions [n] int64."""
+        n, heads, d = q.shape
+        self._rope(q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), n, heads, k.shape[1], d,
+                   positions.data_ptr(), cos_table.data_ptr(), sin_table.data_ptr(), cos_table.stride(0),
+                   torch.get_num_threads())
+
+    def silu_and_mul(self, x: torch.Tensor, out: torch.Tensor) -> None:
+        """out [n, I] = silu(x[:, :I]) * x[:, I:]; x [n, 2I] float32, contiguous."""
+        self._silu_mul(x.data_ptr(), out.data_ptr(), x.shape[0], out.shape[1], torch.get_num_threads())
+
+
+def _fn(f, *argtypes):
+    f.restype, f.argtypes = ctypes.c_int, list(argtypes)
+    return f
 
 
 def _check(ok: bool, what: str) -> None:
@@ -102,7 +136,7 @@ def _build(cc: str, cache_dir: Path) -> Path:
     sources = [here / name for name in SOURCES]
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     key = hashlib.sha256()
-    for part in (*(s.read_bytes() for s in sources), " ".join(FLAGS).encode(), version.encode(),
+    for part in (*(here.joinpath(f).read_bytes() for f in SOURCES + HEADERS), " ".join(FLAGS).encode(), version.encode(),
                  platform.machine().encode(), _cpu_flags().encode()):
         key.update(part)
     target = cache_dir / f"fleet_cpu_{key.hexdigest()[:16]}.so"

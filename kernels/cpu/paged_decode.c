@@ -5,7 +5,8 @@
  * max and sum per head, rescaled once per tile of 16 tokens). It reads each K/V byte once
  * and writes nothing but the output.
  *
- * Layouts (all float32, C-contiguous):
+ * Layouts (all float32, C-contiguous but q's rows, which may be strided: a view of the
+ * fused qkv output):
  *   q, out        [n, H, D]
  *   k/v cache     [num_blocks, block_size, KVH, D]
  *   tables        [n, table_stride] int64 block ids; lens [n] int64 context lengths
@@ -25,25 +26,9 @@
 
 enum { OK = 0, BAD_SHAPE = 1 };
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
+#include "simd.h"
 
-/* exp(x) for x <= 0: Cephes' range reduction and degree-6 polynomial (about 1 ulp). */
-static inline __m512 exp16(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
-    return _mm512_scalef_ps(p, n);
-}
+#if defined(__AVX512F__)
 
 /* Lane t of the result = sum of the 16 lanes of v[t] (a transpose-and-add tree). */
 static inline __m512 sum16x16(const __m512 *v) {
@@ -153,7 +138,7 @@ static void decode_heads_portable(const float *q, const float *kc, const float *
     }
 }
 
-int fleet_paged_decode_f32(const float *q, const float *k_cache, const float *v_cache,
+int fleet_paged_decode_f32(const float *q, int64_t q_stride, const float *k_cache, const float *v_cache,
                            const int64_t *tables, int64_t table_stride, const int64_t *lens,
                            int64_t n, int64_t H, int64_t KVH, int64_t D, int64_t bs, float scale,
                            float *out, int num_threads) {
@@ -165,7 +150,7 @@ int fleet_paged_decode_f32(const float *q, const float *k_cache, const float *v_
     #pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads)
     for (int64_t it = 0; it < items; it++) {
         const int64_t s = it / split, h0 = (it % split) * (H / split), h1 = h0 + H / split;
-        const float *qs = q + s * H * D;
+        const float *qs = q + s * q_stride;
         float *os = out + s * H * D;
         if (lens[s] <= 0) {
             memset(os + h0 * D, 0, sizeof(float) * (h1 - h0) * D);
