@@ -39,6 +39,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=1024)
     p.add_argument("--no-ablate-onednn", dest="ablate_onednn", action="store_false",
                    help="skip the second engine run with oneDNN packing off (engine_mkl_tok_s)")
+    p.add_argument("--no-ablate-kernels", dest="ablate_kernels", action="store_false",
+                   help="skip the engine run with the pure-torch ops instead of the C kernels "
+                        "(engine_torch_ops_tok_s)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -57,10 +60,14 @@ def run(args: argparse.Namespace) -> int:
     result["engine_s"], result["engine_tok_s"] = engine_s, result["output_tokens"] / engine_s
     logger.info("engine: %.1f tok/s", result["engine_tok_s"])
     model_dir = llm.engine.model_dir
+    result["engine_ops"] = llm.engine.model.ops.name
+    del llm
+    gc.collect()
+    if args.ablate_kernels and result["engine_ops"] == "cpu":
+        result["engine_torch_ops_tok_s"] = _engine_with_env(args, items, {"FLEET_OPS": "torch"})
+        logger.info("engine with the pure-torch ops (FLEET_OPS=torch): %.1f tok/s", result["engine_torch_ops_tok_s"])
     if args.ablate_onednn and onednn.available():
-        del llm
-        gc.collect()
-        result["engine_mkl_tok_s"] = _engine_without_onednn(args, items)
+        result["engine_mkl_tok_s"] = _engine_with_env(args, items, {"FLEET_ONEDNN": "0"})
         logger.info("engine with torch's own matmuls (FLEET_ONEDNN=0): %.1f tok/s", result["engine_mkl_tok_s"])
     if not args.skip_baselines:
         model = load_hf_model(model_dir)
@@ -90,11 +97,11 @@ def _engine(args: argparse.Namespace):
                max_num_batched_tokens=args.max_num_batched_tokens)
 
 
-def _engine_without_onednn(args: argparse.Namespace, items: list[WorkItem]) -> float:
-    """The same engine run with oneDNN packing off: what the scheduler alone is worth."""
+def _engine_with_env(args: argparse.Namespace, items: list[WorkItem], env: dict[str, str]) -> float:
+    """The same engine built under ``env`` (an ablation: what one part of it is worth)."""
     from unittest import mock
 
-    with mock.patch.dict(os.environ, {"FLEET_ONEDNN": "0"}):
+    with mock.patch.dict(os.environ, env):
         llm = _engine(args)
     seconds, _ = _run_engine(llm, items)
     return sum(i.max_tokens for i in items) / seconds
@@ -146,10 +153,11 @@ def _plot(result: dict, path: Path) -> None:
     bars = [("naive_static_tok_s", "transformers\nstatic batches of 8", "#999"),
             ("hf_continuous_tok_s", "transformers\ncontinuous batching", "#777"),
             ("engine_mkl_tok_s", "this engine,\ntorch matmuls", "#8c8"),
+            ("engine_torch_ops_tok_s", "this engine,\nno C kernels", "#6b6"),
             ("engine_tok_s", "this engine", "#2a7"),
             ("compute_limit_tok_s", "compute limit\n(FLOPs / matmul peak)", "#ccc")]
     bars = [b for b in bars if b[0] in result]
-    fig, ax = plt.subplots(figsize=(9, 4.5))
+    fig, ax = plt.subplots(figsize=(10, 4.5))
     bars = ax.bar([b[1] for b in bars], [result[b[0]] for b in bars], color=[b[2] for b in bars])
     ax.bar_label(bars, fmt="%.1f")
     ax.set_ylabel("useful output tokens / s")
