@@ -17,7 +17,7 @@ from functools import cached_property
 import torch
 import torch.nn.functional as F
 
-from gpu_worker.model.cpu_native import cpu_kernels
+from gpu_worker.model.cpu_native import loaded_kernels
 
 # A decode bucket grows while its longest context stays within this factor of its shortest.
 BUCKET_GROWTH = 1.5
@@ -86,7 +86,7 @@ def plan_cpu_attention(meta: AttentionMetadata) -> CpuAttentionPlan:
 def plan_native_attention(meta: AttentionMetadata) -> CpuAttentionPlan:
     """The same plan, with the decode rows handed to the C kernel (the ``cpu`` ops backend)."""
     plan = plan_cpu_attention(meta)
-    if not meta.num_decodes or meta.block_tables.device.type != "cpu" or cpu_kernels() is None:
+    if not meta.num_decodes or meta.block_tables.device.type != "cpu" or loaded_kernels() is None:
         return plan
     return CpuAttentionPlan(meta, plan.prefills, torch.tensor(meta.seq_lens[:meta.num_decodes], dtype=torch.int64))
 
@@ -128,7 +128,7 @@ def cpu_paged_attention(
     nd = plan.meta.num_decodes
     if nd and plan.decode_lens is not None and q.dtype == k_cache.dtype == torch.float32 and q.stride(2) == 1 \
             and q.stride(1) == q.shape[2]:
-        cpu_kernels().paged_decode(q[:nd], k_cache, v_cache, plan.meta.block_tables[:nd], plan.decode_lens,
+        loaded_kernels().paged_decode(q[:nd], k_cache, v_cache, plan.meta.block_tables[:nd], plan.decode_lens,
                                    scale, out[:nd])
     else:
         _bucketed_decode(q, k_cache, v_cache, plan, scale, out)

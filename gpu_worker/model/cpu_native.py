@@ -20,10 +20,16 @@ def enabled() -> bool:
 
 
 def cpu_kernels():
-    """The loaded :class:`kernels.cpu.CpuKernels`, or None (switched off, or no compiler)."""
+    """The loaded :class:`kernels.cpu.CpuKernels`, or None (switched off, or no compiler).
+    Decides whether the ``cpu`` ops backend is chosen (``ops.select_ops``)."""
+    return loaded_kernels() if enabled() else None
+
+
+def loaded_kernels():
+    """The kernels, built and loaded on first call; None without a compiler. The ``cpu``
+    backend's ops call this: once a model has that backend, a later change of
+    ``FLEET_CPU_KERNELS`` does not pull its kernels away mid-run."""
     global _loaded, _kernels
-    if not enabled():
-        return None
     if not _loaded:
         with _lock:
             if not _loaded:

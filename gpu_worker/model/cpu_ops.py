@@ -11,7 +11,7 @@ import torch
 
 from gpu_worker.model import ops as torch_ops
 from gpu_worker.model.attention import cpu_paged_attention, plan_native_attention
-from gpu_worker.model.cpu_native import cpu_kernels
+from gpu_worker.model.cpu_native import loaded_kernels
 
 
 def _f32(*tensors: torch.Tensor) -> bool:
@@ -23,7 +23,7 @@ def add_rms_norm(x, residual, weight, eps):
             and (residual is None or (_f32(residual) and residual.is_contiguous()))):
         return torch_ops._torch_add_rms_norm(x, residual, weight, eps)
     out = torch.empty_like(x)
-    cpu_kernels().add_rms_norm(x, residual, weight, eps, out)
+    loaded_kernels().add_rms_norm(x, residual, weight, eps, out)
     # The residual stream is owned by the forward pass (updated in place, as in torch_ops).
     return out, x if residual is None else residual
 
@@ -39,7 +39,7 @@ def rope(q, k, ctx):
             and sin_table.stride() == cos_table.stride() and positions.dtype == torch.int64
             and positions.is_contiguous()):
         return torch_ops._torch_rope(q, k, torch_ops._torch_prepare_rope(positions, cos_table, sin_table))
-    cpu_kernels().rope(q, k, positions, cos_table, sin_table)   # in place: q and k are this layer's own
+    loaded_kernels().rope(q, k, positions, cos_table, sin_table)   # in place: q and k are this layer's own
     return q, k
 
 
@@ -47,7 +47,7 @@ def silu_and_mul(x):
     if not (_f32(x) and x.dim() == 2 and x.is_contiguous()):
         return torch_ops._torch_silu_and_mul(x)
     out = torch.empty(x.shape[0], x.shape[1] // 2, dtype=x.dtype)
-    cpu_kernels().silu_and_mul(x, out)
+    loaded_kernels().silu_and_mul(x, out)
     return out
 
 

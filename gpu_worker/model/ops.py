@@ -27,7 +27,7 @@ class ModelOps:
     add_rms_norm: Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor, float], tuple[torch.Tensor, torch.Tensor]]
     # (positions, cos_table, sin_table) -> rope context shared by all layers of one forward
     prepare_rope: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Any]
-    # (q, k, rope context) -> (q, k) rotated
+    # (q, k, rope context) -> (q, k) rotated; may rotate in place (the cpu backend does)
     rope: Callable[[torch.Tensor, torch.Tensor, Any], tuple[torch.Tensor, torch.Tensor]]
     silu_and_mul: Callable[[torch.Tensor], torch.Tensor]
     # AttentionMetadata -> plan shared by all layers of one forward

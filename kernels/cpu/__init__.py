@@ -126,7 +126,7 @@ def load(cache_dir: Path) -> CpuKernels | None:
     try:
         path = _build(cc, Path(cache_dir))
         return CpuKernels(path)
-    except (OSError, subprocess.SubprocessError) as e:
+    except (OSError, AttributeError, subprocess.SubprocessError) as e:
         logger.warning("CPU kernels: build or load failed (%s); using the torch path", e)
         return None
 

@@ -53,7 +53,7 @@ static void decode_heads(const float *q, const float *kc, const float *vc, const
     const int64_t NV = D / 16, nh = h1 - h0, tok = KVH * D, blk = bs * KVH * D;
     const int64_t g0 = h0 / G, g1 = (h1 - 1) / G + 1;
     __m512 qv[nh * NV], acc[nh * NV], m[nh], l[nh];
-    float p[nh][TILE] __attribute__((aligned(64)));
+    float p[nh][TILE];
     for (int64_t h = 0; h < nh; h++) {
         for (int64_t j = 0; j < NV; j++) {
             qv[h * NV + j] = _mm512_mul_ps(_mm512_loadu_ps(q + (h0 + h) * D + 16 * j), _mm512_set1_ps(scale));
@@ -89,7 +89,7 @@ static void decode_heads(const float *q, const float *kc, const float *vc, const
             const __m512 e = _mm512_maskz_mov_ps(valid, exp16(_mm512_sub_ps(s, mx)));
             l[h] = _mm512_fmadd_ps(l[h], f, _mm512_set1_ps(_mm512_reduce_add_ps(e)));
             m[h] = mx;
-            _mm512_store_ps(p[h], e);
+            _mm512_storeu_ps(p[h], e);
             for (int64_t j = 0; j < NV; j++) acc[h * NV + j] = _mm512_mul_ps(acc[h * NV + j], f);
         }
         for (int64_t g = g0; g < g1; g++) {

@@ -173,3 +173,11 @@ def test_glue_ops_fall_back_to_torch_where_the_kernels_do_not_apply():
     torch.testing.assert_close(normed, ops._torch_add_rms_norm(x, None, torch.ones(32).bfloat16(), 1e-5)[0])
     strided = torch.randn(4, 64)[:, ::2]                          # not contiguous: torch path
     torch.testing.assert_close(cpu_ops.silu_and_mul(strided), ops._torch_silu_and_mul(strided))
+
+
+def test_a_model_keeps_its_kernels_when_the_switch_flips_later(tiny_llama_dir, monkeypatch):
+    llm = LLM(tiny_llama_dir, kv_cache_memory=8 << 20)
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    before = llm.generate([[5, 6, 7, 8]], params)[0].token_ids
+    monkeypatch.setenv("FLEET_CPU_KERNELS", "0")     # chooses the backend of later models only
+    assert llm.generate([[5, 6, 7, 8]], params)[0].token_ids == before
