@@ -162,3 +162,11 @@ def test_dashboard_is_what_the_generator_writes():
              for m in re.findall(r"fleet:[a-z0-9_]+", t["expr"])}
     worker = {f.name for f in WorkerMetrics("x").registry.collect()}
     assert {re.sub(r"_(total|bucket)$", "", m) for m in shown} >= worker  # a panel for each
+
+
+def test_the_image_has_the_c_compiler_triton_and_the_cpu_kernels_need():
+    # Triton builds each kernel's launcher with the system C compiler and Python's headers at
+    # first launch; without them every GPU start fails ("Failed to find C compiler").
+    install = re.search(r"apt-get install[^\n]*(?:\n[^\n]*\\\n?)*[^\n]*", (REPO / "ops" / "Dockerfile").read_text())
+    packages = set(install.group(0).replace("\\", " ").split())
+    assert {"gcc", "libc6-dev", "python3-dev"} <= packages
