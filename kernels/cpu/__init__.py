@@ -85,10 +85,13 @@ class CpuKernels:
         return out
 
 
-    # -- the glue between matmuls (glue.c); callers check dtypes and layouts (cpu_ops.py) --
+    # -- the glue between matmuls (glue.c) --------------------------------------------------
     def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
                      eps: float, out: torch.Tensor) -> None:
         """residual += x (if given); out = rms_norm(residual or x) * weight. [n, h] float32, contiguous."""
+        tensors = (x, weight, out) if residual is None else (x, weight, out, residual)
+        _check(_f32_dense(*tensors) and x.dim() == 2 and weight.shape == x.shape[1:] and out.shape == x.shape
+               and (residual is None or residual.shape == x.shape), "float32 CPU [n, h] x, out, residual and [h] weight")
         n, h = x.shape
         self._add_rms_norm(x.data_ptr(), 0 if residual is None else residual.data_ptr(), weight.data_ptr(),
                            out.data_ptr(), n, h, eps, torch.get_num_threads())
@@ -96,15 +99,29 @@ class CpuKernels:
     def rope(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_table: torch.Tensor,
              sin_table: torch.Tensor) -> None:
         """Rotate-half RoPE in place: q [n, H, D], k [n, KVH, D] (row-strided, heads dense);
-        tables [max_pos, D] float32 with repeated halves; positions [n] int64."""
+        tables [max_pos, D] float32 with repeated halves; positions [n] int64, within the tables."""
         n, heads, d = q.shape
+        _check(q.dtype == k.dtype == cos_table.dtype == sin_table.dtype == torch.float32
+               and all(t.device.type == "cpu" for t in (q, k, positions, cos_table, sin_table))
+               and k.dim() == 3 and k.shape[0] == n and k.shape[2] == d and d % 2 == 0
+               and q.stride(2) == k.stride(2) == 1 and q.stride(1) == k.stride(1) == d
+               and cos_table.dim() == 2 and cos_table.shape[1] == d and cos_table.stride(1) == 1
+               and sin_table.shape == cos_table.shape and sin_table.stride() == cos_table.stride()
+               and positions.dtype == torch.int64 and positions.shape == (n,) and positions.is_contiguous(),
+               "float32 CPU q/k with dense heads, [max_pos, head_dim] tables and int64 positions [n]")
         self._rope(q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), n, heads, k.shape[1], d,
                    positions.data_ptr(), cos_table.data_ptr(), sin_table.data_ptr(), cos_table.stride(0),
                    torch.get_num_threads())
 
     def silu_and_mul(self, x: torch.Tensor, out: torch.Tensor) -> None:
         """out [n, I] = silu(x[:, :I]) * x[:, I:]; x [n, 2I] float32, contiguous."""
+        _check(_f32_dense(x, out) and x.dim() == out.dim() == 2 and x.shape[0] == out.shape[0]
+               and x.shape[1] == 2 * out.shape[1], "float32 CPU contiguous x [n, 2I] and out [n, I]")
         self._silu_mul(x.data_ptr(), out.data_ptr(), x.shape[0], out.shape[1], torch.get_num_threads())
+
+
+def _f32_dense(*tensors: torch.Tensor) -> bool:
+    return all(t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous() for t in tensors)
 
 
 def _fn(f, *argtypes):

@@ -181,3 +181,19 @@ def test_a_model_keeps_its_kernels_when_the_switch_flips_later(tiny_llama_dir, m
     before = llm.generate([[5, 6, 7, 8]], params)[0].token_ids
     monkeypatch.setenv("FLEET_CPU_KERNELS", "0")     # chooses the backend of later models only
     assert llm.generate([[5, 6, 7, 8]], params)[0].token_ids == before
+
+
+def test_the_glue_wrappers_refuse_what_they_cannot_take():
+    x = torch.randn(4, 32)
+    with pytest.raises(ValueError):
+        kernels.silu_and_mul(x, torch.empty(4, 15))                      # wrong width
+    with pytest.raises(ValueError):
+        kernels.add_rms_norm(x.double(), None, torch.ones(32), 1e-5, torch.empty(4, 32))
+    with pytest.raises(ValueError):
+        kernels.add_rms_norm(x, torch.randn(3, 32), torch.ones(32), 1e-5, torch.empty(4, 32))
+    q, k = torch.randn(4, 2, 8), torch.randn(4, 1, 8)
+    table = torch.randn(16, 8)
+    with pytest.raises(ValueError):
+        kernels.rope(q, k, torch.arange(4, dtype=torch.int32), table, table)   # int32 positions
+    with pytest.raises(ValueError):
+        kernels.rope(q[:, :, ::2], k[:, :, ::2], torch.arange(4), table[:, :4], table[:, :4])
