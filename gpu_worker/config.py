@@ -2,7 +2,14 @@
 and passed on, never written back."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+
+
+def switched_on(name: str) -> bool:
+    """An on/off environment switch that defaults to on: ``0``, ``false``, ``no`` or ``off``
+    (any case) turn it off."""
+    return os.environ.get(name, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 @dataclass(frozen=True, kw_only=True)

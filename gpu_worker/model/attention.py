@@ -125,13 +125,7 @@ def cpu_paged_attention(
     k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, plan.meta.slot_mapping, k)
     v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, plan.meta.slot_mapping, v)
     out = torch.empty_like(q)
-    nd = plan.meta.num_decodes
-    if nd and plan.decode_lens is not None and q.dtype == k_cache.dtype == torch.float32 and q.stride(2) == 1 \
-            and q.stride(1) == q.shape[2]:
-        loaded_kernels().paged_decode(q[:nd], k_cache, v_cache, plan.meta.block_tables[:nd], plan.decode_lens,
-                                   scale, out[:nd])
-    else:
-        _bucketed_decode(q, k_cache, v_cache, plan, scale, out)
+    _decode_rows(q, k_cache, v_cache, plan, scale, out)
     for p in plan.prefills:
         qq = q[p.start:p.end].transpose(0, 1).unsqueeze(0)  # [1, heads, q_len, head_dim]
         if p.block_ids is None:
@@ -147,6 +141,20 @@ def cpu_paged_attention(
                                                attn_mask=p.mask, scale=scale, enable_gqa=True)
         out[p.start:p.end] = o.squeeze(0).transpose(0, 1)
     return out
+
+
+def _decode_rows(q, k_cache, v_cache, plan: CpuAttentionPlan, scale: float, out: torch.Tensor) -> None:
+    """The C kernel where the plan was made for it and it takes these tensors (its wrapper
+    refuses other dtypes and layouts with ValueError), else gather + SDPA."""
+    nd = plan.meta.num_decodes
+    if nd and plan.decode_lens is not None:
+        try:
+            loaded_kernels().paged_decode(q[:nd], k_cache, v_cache, plan.meta.block_tables[:nd], plan.decode_lens,
+                                          scale, out[:nd])
+            return
+        except ValueError:
+            pass
+    _bucketed_decode(q, k_cache, v_cache, plan, scale, out)
 
 
 def _bucketed_decode(q, k_cache, v_cache, plan: CpuAttentionPlan, scale: float, out: torch.Tensor) -> None:

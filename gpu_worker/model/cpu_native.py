@@ -3,9 +3,9 @@ first CPU model (``FLEET_CPU_KERNELS=0`` keeps the torch path everywhere)."""
 from __future__ import annotations
 
 import logging
-import os
 import threading
 
+from gpu_worker.config import switched_on
 from gpu_worker.model.default_model import cache_root
 
 logger = logging.getLogger(__name__)
@@ -15,14 +15,10 @@ _loaded = False
 _kernels = None
 
 
-def enabled() -> bool:
-    return os.environ.get("FLEET_CPU_KERNELS", "1").strip().lower() not in ("0", "false", "no", "off")
-
-
 def cpu_kernels():
     """The loaded :class:`kernels.cpu.CpuKernels`, or None (switched off, or no compiler).
     Decides whether the ``cpu`` ops backend is chosen (``ops.select_ops``)."""
-    return loaded_kernels() if enabled() else None
+    return loaded_kernels() if switched_on("FLEET_CPU_KERNELS") else None
 
 
 def loaded_kernels():

@@ -15,10 +15,11 @@ models that are not quantized. ``FLEET_ONEDNN=0`` turns it off.
 from __future__ import annotations
 
 import logging
-import os
 
 import torch
 from torch import nn
+
+from gpu_worker.config import switched_on
 
 logger = logging.getLogger(__name__)
 
@@ -27,7 +28,7 @@ PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
 
 def available() -> bool:
     """oneDNN is built into this torch, exposes the ops, and ``FLEET_ONEDNN`` is not 0."""
-    if os.environ.get("FLEET_ONEDNN", "1").strip().lower() in ("0", "false", "no", "off"):
+    if not switched_on("FLEET_ONEDNN"):
         return False
     ops = torch.ops.mkldnn
     return (torch.backends.mkldnn.is_available() and hasattr(ops, "_reorder_linear_weight")

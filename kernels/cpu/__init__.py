@@ -41,17 +41,13 @@ class CpuKernels:
     def __init__(self, path: Path) -> None:
         self.path = path
         lib = ctypes.CDLL(str(path))
-        self._decode = lib.fleet_paged_decode_f32
-        self._decode.restype = ctypes.c_int
-        self._decode.argtypes = [_P, _I64, _P, _P, _P, _I64, _P, _I64, _I64, _I64, _I64, _I64,
-                                 ctypes.c_float, _P, ctypes.c_int]
+        self._decode = _fn(lib.fleet_paged_decode_f32, _P, _I64, _P, _P, _P, _I64, _P, _I64, _I64, _I64, _I64,
+                           _I64, ctypes.c_float, _P, ctypes.c_int)
         self._add_rms_norm = _fn(lib.fleet_add_rms_norm_f32, _P, _P, _P, _P, _I64, _I64, ctypes.c_float, ctypes.c_int)
         self._rope = _fn(lib.fleet_rope_f32, _P, _I64, _P, _I64, _I64, _I64, _I64, _I64, _P, _P, _P, _I64,
                          ctypes.c_int)
         self._silu_mul = _fn(lib.fleet_silu_mul_f32, _P, _P, _I64, _I64, ctypes.c_int)
-        self._vectorized = lib.fleet_paged_decode_vectorized
-        self._vectorized.restype = ctypes.c_int
-        self._vectorized.argtypes = [_I64, _I64]
+        self._vectorized = _fn(lib.fleet_paged_decode_vectorized, _I64, _I64)
 
     def vectorized(self, head_dim: int, block_size: int) -> bool:
         """Whether the SIMD path (rather than the portable loops) serves this shape."""
@@ -69,28 +65,28 @@ class CpuKernels:
     ) -> torch.Tensor:
         n, heads, head_dim = q.shape
         _, block_size, kv_heads, cache_dim = k_cache.shape
-        _check(q.dtype == k_cache.dtype == v_cache.dtype == out.dtype == torch.float32, "float32 tensors")
-        _check(all(t.device.type == "cpu" for t in (q, k_cache, v_cache, out, block_tables, seq_lens)), "CPU tensors")
-        _check(q.stride(2) == 1 and q.stride(1) == head_dim and out.is_contiguous() and k_cache.is_contiguous()
+        _check("paged_decode", q.dtype == k_cache.dtype == v_cache.dtype == out.dtype == torch.float32, "float32 tensors")
+        _check("paged_decode", all(t.device.type == "cpu" for t in (q, k_cache, v_cache, out, block_tables, seq_lens)),
+               "CPU tensors")
+        _check("paged_decode", q.stride(2) == 1 and q.stride(1) == head_dim and out.is_contiguous() and k_cache.is_contiguous()
                and v_cache.is_contiguous(), "dense q heads, contiguous out and caches")
-        _check(out.shape == q.shape and v_cache.shape == k_cache.shape and cache_dim == head_dim
+        _check("paged_decode", out.shape == q.shape and v_cache.shape == k_cache.shape and cache_dim == head_dim
                and heads % kv_heads == 0, "matching shapes")
-        _check(block_tables.dtype == seq_lens.dtype == torch.int64 and block_tables.dim() == 2
+        _check("paged_decode", block_tables.dtype == seq_lens.dtype == torch.int64 and block_tables.dim() == 2
                and block_tables.shape[0] == n == seq_lens.shape[0] and block_tables.stride(1) == 1
                and seq_lens.is_contiguous(), "int64 block_tables [n, max_blocks] and seq_lens [n]")
         rc = self._decode(q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), block_tables.data_ptr(),
                           block_tables.stride(0), seq_lens.data_ptr(), n, heads, kv_heads, head_dim,
                           block_size, scale, out.data_ptr(), torch.get_num_threads())
-        _check(rc == 0, f"a shape the kernel serves (code {rc})")
+        _check("paged_decode", rc == 0, f"a shape the kernel serves (code {rc})")
         return out
-
 
     # -- the glue between matmuls (glue.c) --------------------------------------------------
     def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
                      eps: float, out: torch.Tensor) -> None:
         """residual += x (if given); out = rms_norm(residual or x) * weight. [n, h] float32, contiguous."""
         tensors = (x, weight, out) if residual is None else (x, weight, out, residual)
-        _check(_f32_dense(*tensors) and x.dim() == 2 and weight.shape == x.shape[1:] and out.shape == x.shape
+        _check("add_rms_norm", _f32_dense(*tensors) and x.dim() == 2 and weight.shape == x.shape[1:] and out.shape == x.shape
                and (residual is None or residual.shape == x.shape), "float32 CPU [n, h] x, out, residual and [h] weight")
         n, h = x.shape
         self._add_rms_norm(x.data_ptr(), 0 if residual is None else residual.data_ptr(), weight.data_ptr(),
@@ -101,7 +97,7 @@ class CpuKernels:
         """Rotate-half RoPE in place: q [n, H, D], k [n, KVH, D] (row-strided, heads dense);
         tables [max_pos, D] float32 with repeated halves; positions [n] int64, within the tables."""
         n, heads, d = q.shape
-        _check(q.dtype == k.dtype == cos_table.dtype == sin_table.dtype == torch.float32
+        _check("rope", q.dtype == k.dtype == cos_table.dtype == sin_table.dtype == torch.float32
                and all(t.device.type == "cpu" for t in (q, k, positions, cos_table, sin_table))
                and k.dim() == 3 and k.shape[0] == n and k.shape[2] == d and d % 2 == 0
                and q.stride(2) == k.stride(2) == 1 and q.stride(1) == k.stride(1) == d
@@ -115,7 +111,7 @@ class CpuKernels:
 
     def silu_and_mul(self, x: torch.Tensor, out: torch.Tensor) -> None:
         """out [n, I] = silu(x[:, :I]) * x[:, I:]; x [n, 2I] float32, contiguous."""
-        _check(_f32_dense(x, out) and x.dim() == out.dim() == 2 and x.shape[0] == out.shape[0]
+        _check("silu_and_mul", _f32_dense(x, out) and x.dim() == out.dim() == 2 and x.shape[0] == out.shape[0]
                and x.shape[1] == 2 * out.shape[1], "float32 CPU contiguous x [n, 2I] and out [n, I]")
         self._silu_mul(x.data_ptr(), out.data_ptr(), x.shape[0], out.shape[1], torch.get_num_threads())
 
@@ -129,9 +125,9 @@ def _fn(f, *argtypes):
     return f
 
 
-def _check(ok: bool, what: str) -> None:
+def _check(op: str, ok: bool, what: str) -> None:
     if not ok:
-        raise ValueError(f"paged_decode needs {what}")
+        raise ValueError(f"{op} needs {what}")
 
 
 def load(cache_dir: Path) -> CpuKernels | None:
