@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 
+from gpu_worker.cpu_tuning import zeros_on_huge_pages
 from gpu_worker.model.attention import AttentionMetadata
 from gpu_worker.model.llama import LlamaForCausalLM
 from gpu_worker.outputs import TokenLogprob
@@ -46,8 +48,8 @@ class ModelRunner:
         self.model, self.block_size, self.device = model, block_size, device
         shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
         # Zeroed, not empty: masked-out slots still flow through attention (as 0 * value).
-        self.kv_caches = [(torch.zeros(shape, dtype=dtype, device=device),
-                           torch.zeros(shape, dtype=dtype, device=device)) for _ in range(cfg.num_layers)]
+        zeros = zeros_on_huge_pages if device.type == "cpu" else partial(torch.zeros, device=device)
+        self.kv_caches = [(zeros(shape, dtype=dtype), zeros(shape, dtype=dtype)) for _ in range(cfg.num_layers)]
         self.sampler = Sampler(seed)
         self.drafter = None     # a model drafter that must see every target batch (set by the engine)
         self.graphs = None      # CUDA graphs for pure-decode steps (set by the engine on CUDA)

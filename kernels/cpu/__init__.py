@@ -47,11 +47,11 @@ class CpuKernels:
         self._rope = _fn(lib.fleet_rope_f32, _P, _I64, _P, _I64, _I64, _I64, _I64, _I64, _P, _P, _P, _I64,
                          ctypes.c_int)
         self._silu_mul = _fn(lib.fleet_silu_mul_f32, _P, _P, _I64, _I64, ctypes.c_int)
-        self._vectorized = _fn(lib.fleet_paged_decode_vectorized, _I64, _I64)
+        self._vectorized = _fn(lib.fleet_paged_decode_vectorized, _I64, _I64, _I64, _I64)
 
-    def vectorized(self, head_dim: int, block_size: int) -> bool:
+    def vectorized(self, heads: int, kv_heads: int, head_dim: int, block_size: int) -> bool:
         """Whether the SIMD path (rather than the portable loops) serves this shape."""
-        return bool(self._vectorized(head_dim, block_size))
+        return bool(self._vectorized(heads, kv_heads, head_dim, block_size))
 
     def paged_decode(
         self,

@@ -10,12 +10,18 @@
  *   q, out        [n, H, D]
  *   k/v cache     [num_blocks, block_size, KVH, D]
  *   tables        [n, table_stride] int64 block ids; lens [n] int64 context lengths
- * Query head h reads KV head h / (H / KVH) (grouped-query attention).
+ * Query head h reads KV head h / G, G = H / KVH (grouped-query attention).
+ *
+ * The AVX-512 path handles one KV head and its G query heads at a time, with G (up to 8)
+ * and D (32, 64, 96 or 128) compile-time constants, so that q, the accumulators and the
+ * softmax state stay in registers and each K/V row is loaded once for the whole group. It
+ * prefetches the K/V rows PF tiles ahead: blocks are scattered, so the hardware
+ * prefetchers lose the stream at every block boundary. Other shapes, and machines without
+ * AVX-512, take portable loops.
  *
  * Work is split over (sequence, KV-head range) items with OpenMP, on the thread pool torch
  * already runs (the build links the same libgomp soname). Built at first use by
- * kernels/cpu/__init__.py with -O3 -march=native; the AVX-512 path is used where the
- * compiler targets it, the portable loops elsewhere.
+ * kernels/cpu/__init__.py with -O3 -march=native.
  */
 #include <float.h>
 #include <math.h>
@@ -23,6 +29,7 @@
 #include <string.h>
 
 #define TILE 16
+#define PF 2      /* prefetch distance, in tiles */
 
 enum { OK = 0, BAD_SHAPE = 1 };
 
@@ -46,18 +53,18 @@ static inline __m512 sum16x16(const __m512 *v) {
     return _mm512_add_ps(_mm512_shuffle_f32x4(c0, c1, 0x88), _mm512_shuffle_f32x4(c0, c1, 0xDD));
 }
 
-/* Query heads [h0, h1) of one sequence; their KV heads are [h0 / G, (h1 - 1) / G]. */
-static void decode_heads(const float *q, const float *kc, const float *vc, const int64_t *table,
-                         int64_t len, int64_t KVH, int64_t G, int64_t D, int64_t bs, float scale,
-                         int64_t h0, int64_t h1, float *out) {
-    const int64_t NV = D / 16, nh = h1 - h0, tok = KVH * D, blk = bs * KVH * D;
-    const int64_t g0 = h0 / G, g1 = (h1 - 1) / G + 1;
-    __m512 qv[nh * NV], acc[nh * NV], m[nh], l[nh];
-    float p[nh][TILE];
-    for (int64_t h = 0; h < nh; h++) {
-        for (int64_t j = 0; j < NV; j++) {
-            qv[h * NV + j] = _mm512_mul_ps(_mm512_loadu_ps(q + (h0 + h) * D + 16 * j), _mm512_set1_ps(scale));
-            acc[h * NV + j] = _mm512_setzero_ps();
+/* One KV head and its G query heads; G and NV = D / 16 are constants where decode_groups
+ * instantiates it. kc and vc point at the group's first K/V element, q and out at its
+ * first query head. */
+static inline __attribute__((always_inline)) void decode_group(
+        const float *q, const float *kc, const float *vc, const int64_t *table, int64_t len,
+        int64_t tok, int64_t blk, int64_t bs, float scale, float *out, const int G, const int NV) {
+    __m512 qv[G][NV], acc[G][NV], m[G], l[G];
+    float p[G][TILE] __attribute__((aligned(64)));
+    for (int h = 0; h < G; h++) {
+        for (int j = 0; j < NV; j++) {
+            qv[h][j] = _mm512_mul_ps(_mm512_loadu_ps(q + (h * NV + j) * 16), _mm512_set1_ps(scale));
+            acc[h][j] = _mm512_setzero_ps();
         }
         m[h] = _mm512_set1_ps(-FLT_MAX);
         l[h] = _mm512_setzero_ps();
@@ -66,56 +73,70 @@ static void decode_heads(const float *q, const float *kc, const float *vc, const
         const int64_t nt = len - t0 < TILE ? len - t0 : TILE;
         const __mmask16 valid = (__mmask16)((1u << nt) - 1u);
         const int64_t base = table[t0 / bs] * blk + (t0 % bs) * tok;
-        if (t0 + TILE < len) {  /* the next tile may sit in another block: fetch it now */
-            const int64_t next = table[(t0 + TILE) / bs] * blk + ((t0 + TILE) % bs) * tok + g0 * D;
+        const float *kb = kc + base, *vb = vc + base;
+        if (t0 + PF * TILE < len) {
+            const int64_t nx = table[(t0 + PF * TILE) / bs] * blk + ((t0 + PF * TILE) % bs) * tok;
             for (int t = 0; t < TILE; t++)
-                for (int64_t o = 0; o < (g1 - g0) * D; o += 16) {
-                    _mm_prefetch((const char *)(kc + next + t * tok + o), _MM_HINT_T0);
-                    _mm_prefetch((const char *)(vc + next + t * tok + o), _MM_HINT_T0);
+                for (int j = 0; j < NV; j++) {
+                    _mm_prefetch((const char *)(kc + nx + t * tok + 16 * j), _MM_HINT_T0);
+                    _mm_prefetch((const char *)(vc + nx + t * tok + 16 * j), _MM_HINT_T0);
                 }
         }
-        for (int64_t h = 0; h < nh; h++) {
-            const float *kb = kc + base + ((h0 + h) / G) * D;
-            __m512 part[TILE];
-            for (int t = 0; t < TILE; t++) {  /* rows past nt are read but masked out */
-                __m512 x = _mm512_mul_ps(qv[h * NV], _mm512_loadu_ps(kb + (t < nt ? t : 0) * tok));
-                for (int64_t j = 1; j < NV; j++)
-                    x = _mm512_fmadd_ps(qv[h * NV + j], _mm512_loadu_ps(kb + (t < nt ? t : 0) * tok + 16 * j), x);
-                part[t] = x;
+        __m512 part[G][TILE];
+        for (int t = 0; t < TILE; t++) {  /* rows past nt are read but masked out */
+            const float *kt = kb + (t < nt ? t : 0) * tok;
+            __m512 kv[NV];
+            for (int j = 0; j < NV; j++) kv[j] = _mm512_loadu_ps(kt + 16 * j);
+            for (int h = 0; h < G; h++) {
+                __m512 x = _mm512_mul_ps(qv[h][0], kv[0]);
+                for (int j = 1; j < NV; j++) x = _mm512_fmadd_ps(qv[h][j], kv[j], x);
+                part[h][t] = x;
             }
-            const __m512 s = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), valid, sum16x16(part));
+        }
+        for (int h = 0; h < G; h++) {
+            const __m512 s = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), valid, sum16x16(part[h]));
             const __m512 mx = _mm512_max_ps(m[h], _mm512_set1_ps(_mm512_reduce_max_ps(s)));
             const __m512 f = exp16(_mm512_sub_ps(m[h], mx));
             const __m512 e = _mm512_maskz_mov_ps(valid, exp16(_mm512_sub_ps(s, mx)));
             l[h] = _mm512_fmadd_ps(l[h], f, _mm512_set1_ps(_mm512_reduce_add_ps(e)));
             m[h] = mx;
-            _mm512_storeu_ps(p[h], e);
-            for (int64_t j = 0; j < NV; j++) acc[h * NV + j] = _mm512_mul_ps(acc[h * NV + j], f);
+            _mm512_store_ps(p[h], e);
+            for (int j = 0; j < NV; j++) acc[h][j] = _mm512_mul_ps(acc[h][j], f);
         }
-        for (int64_t g = g0; g < g1; g++) {
-            const int64_t ha = (g * G > h0 ? g * G : h0) - h0, hb = ((g + 1) * G < h1 ? (g + 1) * G : h1) - h0;
-            const float *vb = vc + base + g * D;
-            for (int64_t t = 0; t < nt; t++) {
-                for (int64_t j = 0; j < NV; j++) {
-                    const __m512 v = _mm512_loadu_ps(vb + t * tok + 16 * j);
-                    for (int64_t h = ha; h < hb; h++)
-                        acc[h * NV + j] = _mm512_fmadd_ps(_mm512_set1_ps(p[h][t]), v, acc[h * NV + j]);
-                }
+        for (int64_t t = 0; t < nt; t++)
+            for (int j = 0; j < NV; j++) {
+                const __m512 v = _mm512_loadu_ps(vb + t * tok + 16 * j);
+                for (int h = 0; h < G; h++) acc[h][j] = _mm512_fmadd_ps(_mm512_set1_ps(p[h][t]), v, acc[h][j]);
             }
-        }
     }
-    for (int64_t h = 0; h < nh; h++) {
+    for (int h = 0; h < G; h++) {
         const __m512 inv = _mm512_div_ps(_mm512_set1_ps(1.f), l[h]);
-        for (int64_t j = 0; j < NV; j++)
-            _mm512_storeu_ps(out + (h0 + h) * D + 16 * j, _mm512_mul_ps(acc[h * NV + j], inv));
+        for (int j = 0; j < NV; j++) _mm512_storeu_ps(out + (h * NV + j) * 16, _mm512_mul_ps(acc[h][j], inv));
     }
 }
-#define VECTOR_OK(D, bs) ((D) % 16 == 0 && (bs) % TILE == 0)
+
+/* KV heads [g0, g1) of one sequence through decode_group. */
+static void decode_groups(const float *q, const float *kc, const float *vc, const int64_t *table,
+                          int64_t len, int64_t KVH, int64_t G, int64_t D, int64_t bs, float scale,
+                          int64_t g0, int64_t g1, float *out) {
+    const int64_t tok = KVH * D, blk = bs * KVH * D;
+    for (int64_t g = g0; g < g1; g++) {
+        const float *qg = q + g * G * D, *kg = kc + g * D, *vg = vc + g * D;
+        float *og = out + g * G * D;
+#define CASE(GG, NN) case GG * 16 + NN: decode_group(qg, kg, vg, table, len, tok, blk, bs, scale, og, GG, NN); break;
+#define CASES(NN) CASE(1, NN) CASE(2, NN) CASE(3, NN) CASE(4, NN) CASE(5, NN) CASE(6, NN) CASE(7, NN) CASE(8, NN)
+        switch (G * 16 + D / 16) { CASES(2) CASES(4) CASES(6) CASES(8) }
+#undef CASES
+#undef CASE
+    }
+}
+
+#define VECTOR_OK(G, D, bs) ((G) <= 8 && ((D) == 32 || (D) == 64 || (D) == 96 || (D) == 128) && (bs) % TILE == 0)
 #else
-#define VECTOR_OK(D, bs) 0
+#define VECTOR_OK(G, D, bs) 0
 #endif
 
-/* Portable path: the same online softmax, one token at a time. */
+/* Portable path: the same online softmax, one token at a time, for query heads [h0, h1). */
 static void decode_heads_portable(const float *q, const float *kc, const float *vc, const int64_t *table,
                                   int64_t len, int64_t KVH, int64_t G, int64_t D, int64_t bs, float scale,
                                   int64_t h0, int64_t h1, float *out) {
@@ -145,27 +166,30 @@ int fleet_paged_decode_f32(const float *q, int64_t q_stride, const float *k_cach
     if (n < 0 || H <= 0 || KVH <= 0 || H % KVH || D <= 0 || D > 512 || bs <= 0) return BAD_SHAPE;
     const int64_t G = H / KVH;
     /* With few sequences, one KV head per item keeps every thread busy; otherwise whole
-     * sequences, whose K/V rows are then read front to back. */
-    const int64_t split = n < 2 * (int64_t)num_threads ? KVH : 1, items = n * split;
+     * sequences. */
+    const int64_t split = n < 2 * (int64_t)num_threads ? KVH : 1, per = KVH / split, items = n * split;
     #pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads)
     for (int64_t it = 0; it < items; it++) {
-        const int64_t s = it / split, h0 = (it % split) * (H / split), h1 = h0 + H / split;
+        const int64_t s = it / split, g0 = (it % split) * per, g1 = g0 + per;
         const float *qs = q + s * q_stride;
         float *os = out + s * H * D;
         if (lens[s] <= 0) {
-            memset(os + h0 * D, 0, sizeof(float) * (h1 - h0) * D);
+            memset(os + g0 * G * D, 0, sizeof(float) * (g1 - g0) * G * D);
             continue;
         }
 #if defined(__AVX512F__)
-        if (VECTOR_OK(D, bs)) {
-            decode_heads(qs, k_cache, v_cache, tables + s * table_stride, lens[s], KVH, G, D, bs, scale, h0, h1, os);
+        if (VECTOR_OK(G, D, bs)) {
+            decode_groups(qs, k_cache, v_cache, tables + s * table_stride, lens[s], KVH, G, D, bs, scale, g0, g1, os);
             continue;
         }
 #endif
-        decode_heads_portable(qs, k_cache, v_cache, tables + s * table_stride, lens[s], KVH, G, D, bs, scale, h0, h1, os);
+        decode_heads_portable(qs, k_cache, v_cache, tables + s * table_stride, lens[s], KVH, G, D, bs, scale,
+                              g0 * G, g1 * G, os);
     }
     return OK;
 }
 
 /* 1 when the vector path serves this shape: what the tests check both paths against. */
-int fleet_paged_decode_vectorized(int64_t D, int64_t bs) { return VECTOR_OK(D, bs); }
+int fleet_paged_decode_vectorized(int64_t H, int64_t KVH, int64_t D, int64_t bs) {
+    return KVH > 0 && H % KVH == 0 && VECTOR_OK(H / KVH, D, bs);
+}

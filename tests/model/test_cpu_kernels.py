@@ -55,6 +55,8 @@ def _reference(q, k_cache, v_cache, tables, lens, scale):
     (4, 1, 32, 32),      # a block holds two tiles
     (6, 2, 24, 16),      # head_dim not a multiple of 16: portable loops
     (4, 2, 64, 8),       # block smaller than a tile: portable loops
+    (14, 2, 96, 16),     # head_dim 96, groups of 7
+    (16, 1, 64, 16),     # groups of 16: portable loops
 ])
 @pytest.mark.parametrize("lens", [[1], [17, 3], [5, 16, 33, 1, 250, 64, 15, 2, 100]])
 def test_paged_decode_matches_attention_over_the_gathered_context(heads, kv_heads, head_dim, block_size, lens):
@@ -72,8 +74,10 @@ def test_the_simd_path_serves_the_common_shapes():
     flags = open("/proc/cpuinfo").read() if platform.system() == "Linux" else ""
     if " avx512f " not in flags:
         pytest.skip("no AVX-512 here: the portable loops serve every shape")
-    assert kernels.vectorized(64, 16) and kernels.vectorized(128, 32)
-    assert not kernels.vectorized(24, 16) and not kernels.vectorized(64, 8)
+    assert kernels.vectorized(9, 3, 64, 16) and kernels.vectorized(32, 8, 128, 32) and kernels.vectorized(4, 1, 32, 16)
+    assert kernels.vectorized(14, 2, 96, 16) and kernels.vectorized(8, 8, 64, 16)
+    assert not kernels.vectorized(6, 2, 24, 16) and not kernels.vectorized(4, 2, 64, 8)
+    assert not kernels.vectorized(16, 1, 64, 16) and not kernels.vectorized(4, 2, 256, 16)
 
 
 def test_an_empty_context_gives_zeros_and_bad_input_raises():
