@@ -16,6 +16,8 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
+import math
+import mmap
 import sys
 
 import torch
@@ -26,9 +28,7 @@ _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 _MMAP_THRESHOLD_MAX = 32 << 20       # glibc's upper bound on 64-bit
 _done = False
-_MADV_HUGEPAGE = 14
 _HUGE_PAGE = 2 << 20
-_libc = None
 
 
 def tune_allocator() -> bool:
@@ -49,17 +49,18 @@ def tune_allocator() -> bool:
 
 
 def zeros_on_huge_pages(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """A zeroed CPU tensor whose memory was advised onto transparent huge pages before it was
-    first touched (Linux; elsewhere, or where the advice fails, a plain ``torch.zeros``)."""
-    t = torch.empty(shape, dtype=dtype)
-    nbytes = t.numel() * t.element_size()
-    if nbytes >= 2 * _HUGE_PAGE and sys.platform.startswith("linux"):
-        start = -(-t.data_ptr() // 4096) * 4096         # madvise takes page-aligned ranges
-        end = (t.data_ptr() + nbytes) // 4096 * 4096
-        try:
-            global _libc
-            _libc = _libc or ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-            _libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), _MADV_HUGEPAGE)
-        except (OSError, AttributeError):
-            pass
-    return t.zero_()
+    """A zeroed CPU tensor on its own anonymous mapping, advised onto transparent huge pages
+    before it is first touched (where the platform has the advice; else plain memory). Its own
+    mapping, not malloc's: glibc may hand out a large free chunk of its heap, already backed
+    by 4 KiB pages, even for a request above its mmap threshold."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes < 2 * _HUGE_PAGE or not hasattr(mmap, "MADV_HUGEPAGE"):
+        return torch.zeros(shape, dtype=dtype)
+    buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)   # zero-filled
+    try:
+        buf.madvise(mmap.MADV_HUGEPAGE)
+    except OSError:                            # THP off or unsupported: 4 KiB pages
+        pass
+    # The tensor keeps the mapping alive; writing it now faults every page in up front (the
+    # memory is committed at start, not during the first requests).
+    return torch.frombuffer(buf, dtype=dtype).view(shape).zero_()

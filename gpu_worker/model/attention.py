@@ -56,17 +56,40 @@ class _PrefillChunk:
 @dataclass(frozen=True)
 class CpuAttentionPlan:
     meta: AttentionMetadata
-    prefills: list[_PrefillChunk]
-    decode_lens: torch.Tensor | None    # [num_decodes] int64 for the C kernel; None without it
+    decode_lens: torch.Tensor | None = None     # [num_decodes] int64 for the C kernel; None without it
+    prefill_chunks: torch.Tensor | None = None  # [num_chunks, 3] int64 for the C kernel; None without it
 
     @cached_property
     def decodes(self) -> list[_DecodeBucket]:
         """Length buckets for the SDPA decode path (built only when a layer takes it)."""
         return _decode_buckets(self.meta)
 
+    @cached_property
+    def prefills(self) -> list[_PrefillChunk]:
+        """Gather indices and masks for the SDPA prefill path (built only when a layer takes it)."""
+        return _prefill_chunks(self.meta)
+
 
 def plan_cpu_attention(meta: AttentionMetadata) -> CpuAttentionPlan:
-    """Precompute gather indices and masks for one step (shared by all layers)."""
+    """The plan of the torch path: SDPA over length buckets and per chunk, shared by all layers."""
+    return CpuAttentionPlan(meta)
+
+
+def plan_native_attention(meta: AttentionMetadata) -> CpuAttentionPlan:
+    """The plan of the ``cpu`` ops backend: decode rows and prefill chunks for the C kernels."""
+    if meta.block_tables.device.type != "cpu" or loaded_kernels() is None:
+        return plan_cpu_attention(meta)
+    nd = meta.num_decodes
+    decode_lens = torch.tensor(meta.seq_lens[:nd], dtype=torch.int64) if nd else None
+    rows, first = [], nd          # prefill chunks follow the decode rows, one row per new token
+    for s in range(nd, len(meta.seq_lens)):
+        rows.append((first, meta.query_lens[s], meta.seq_lens[s]))
+        first += meta.query_lens[s]
+    chunks = torch.tensor(rows, dtype=torch.int64) if rows else None
+    return CpuAttentionPlan(meta, decode_lens, chunks)
+
+
+def _prefill_chunks(meta: AttentionMetadata) -> list[_PrefillChunk]:
     bs = meta.block_size
     prefills: list[_PrefillChunk] = []
     row = meta.num_decodes
@@ -80,15 +103,7 @@ def plan_cpu_attention(meta: AttentionMetadata) -> CpuAttentionPlan:
             prefills.append(_PrefillChunk(row, row + q_len, ctx,
                                           meta.block_tables[s, :_blocks_for(ctx, bs)], mask))
         row += q_len
-    return CpuAttentionPlan(meta, prefills, None)
-
-
-def plan_native_attention(meta: AttentionMetadata) -> CpuAttentionPlan:
-    """The same plan, with the decode rows handed to the C kernel (the ``cpu`` ops backend)."""
-    plan = plan_cpu_attention(meta)
-    if not meta.num_decodes or meta.block_tables.device.type != "cpu" or loaded_kernels() is None:
-        return plan
-    return CpuAttentionPlan(meta, plan.prefills, torch.tensor(meta.seq_lens[:meta.num_decodes], dtype=torch.int64))
+    return prefills
 
 
 def _decode_buckets(meta: AttentionMetadata) -> list[_DecodeBucket]:
@@ -126,6 +141,22 @@ def cpu_paged_attention(
     v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, plan.meta.slot_mapping, v)
     out = torch.empty_like(q)
     _decode_rows(q, k_cache, v_cache, plan, scale, out)
+    _prefill_rows(q, k, v, k_cache, v_cache, plan, scale, out)
+    return out
+
+
+def _prefill_rows(q, k, v, k_cache, v_cache, plan: CpuAttentionPlan, scale: float, out: torch.Tensor) -> None:
+    """The C kernel where the plan was made for it and it takes these tensors, else one SDPA
+    call per chunk: over its own new K/V when it has no cached prefix, else over its
+    gathered context."""
+    if plan.prefill_chunks is not None:
+        try:
+            loaded_kernels().paged_prefill(q, k_cache, v_cache, plan.meta.block_tables[plan.meta.num_decodes:],
+                                           plan.prefill_chunks, scale, out)
+            return
+        except ValueError:
+            pass
+    num_kv_heads, head_dim = k.shape[1], k.shape[2]
     for p in plan.prefills:
         qq = q[p.start:p.end].transpose(0, 1).unsqueeze(0)  # [1, heads, q_len, head_dim]
         if p.block_ids is None:
@@ -140,7 +171,6 @@ def cpu_paged_attention(
                                                vv.transpose(0, 1).unsqueeze(0),
                                                attn_mask=p.mask, scale=scale, enable_gqa=True)
         out[p.start:p.end] = o.squeeze(0).transpose(0, 1)
-    return out
 
 
 def _decode_rows(q, k_cache, v_cache, plan: CpuAttentionPlan, scale: float, out: torch.Tensor) -> None:

@@ -27,8 +27,8 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-SOURCES = ("paged_decode.c", "glue.c")
-HEADERS = ("simd.h",)
+SOURCES = ("paged_decode.c", "paged_prefill.c", "glue.c")
+HEADERS = ("simd.h", "paged.h")
 # -ffp-contract=off: no fused multiply-adds beyond the ones the kernels ask for, so the glue
 # rounds as torch does (glue.c).
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC", "-std=gnu11")
@@ -47,11 +47,15 @@ class CpuKernels:
         self._rope = _fn(lib.fleet_rope_f32, _P, _I64, _P, _I64, _I64, _I64, _I64, _I64, _P, _P, _P, _I64,
                          ctypes.c_int)
         self._silu_mul = _fn(lib.fleet_silu_mul_f32, _P, _P, _I64, _I64, ctypes.c_int)
-        self._vectorized = _fn(lib.fleet_paged_decode_vectorized, _I64, _I64, _I64, _I64)
+        self._prefill = _fn(lib.fleet_paged_prefill_f32, _P, _I64, _P, _P, _P, _I64, _P, _I64, _I64, _I64, _I64,
+                            _I64, ctypes.c_float, _P, ctypes.c_int)
+        self._vectorized = {"decode": _fn(lib.fleet_paged_decode_vectorized, _I64, _I64, _I64, _I64),
+                            "prefill": _fn(lib.fleet_paged_prefill_vectorized, _I64, _I64, _I64, _I64)}
 
-    def vectorized(self, heads: int, kv_heads: int, head_dim: int, block_size: int) -> bool:
-        """Whether the SIMD path (rather than the portable loops) serves this shape."""
-        return bool(self._vectorized(heads, kv_heads, head_dim, block_size))
+    def vectorized(self, heads: int, kv_heads: int, head_dim: int, block_size: int, op: str = "decode") -> bool:
+        """Whether the SIMD path (rather than the portable loops) of ``op`` ("decode" or
+        "prefill") serves this shape."""
+        return bool(self._vectorized[op](heads, kv_heads, head_dim, block_size))
 
     def paged_decode(
         self,
@@ -64,22 +68,58 @@ class CpuKernels:
         out: torch.Tensor,           # [n, heads, head_dim] float32, contiguous; written
     ) -> torch.Tensor:
         n, heads, head_dim = q.shape
-        _, block_size, kv_heads, cache_dim = k_cache.shape
-        _check("paged_decode", q.dtype == k_cache.dtype == v_cache.dtype == out.dtype == torch.float32, "float32 tensors")
-        _check("paged_decode", all(t.device.type == "cpu" for t in (q, k_cache, v_cache, out, block_tables, seq_lens)),
-               "CPU tensors")
-        _check("paged_decode", q.stride(2) == 1 and q.stride(1) == head_dim and out.is_contiguous() and k_cache.is_contiguous()
-               and v_cache.is_contiguous(), "dense q heads, contiguous out and caches")
-        _check("paged_decode", out.shape == q.shape and v_cache.shape == k_cache.shape and cache_dim == head_dim
-               and heads % kv_heads == 0, "matching shapes")
-        _check("paged_decode", block_tables.dtype == seq_lens.dtype == torch.int64 and block_tables.dim() == 2
-               and block_tables.shape[0] == n == seq_lens.shape[0] and block_tables.stride(1) == 1
-               and seq_lens.is_contiguous(), "int64 block_tables [n, max_blocks] and seq_lens [n]")
+        _, block_size, kv_heads, _ = k_cache.shape
+        self._check_attention("paged_decode", q, k_cache, v_cache, block_tables, out)
+        _check("paged_decode", seq_lens.dtype == torch.int64 and seq_lens.device.type == "cpu"
+               and block_tables.shape[0] == n == seq_lens.shape[0] and seq_lens.is_contiguous(),
+               "int64 seq_lens [n] beside block_tables [n, max_blocks]")
         rc = self._decode(q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), block_tables.data_ptr(),
                           block_tables.stride(0), seq_lens.data_ptr(), n, heads, kv_heads, head_dim,
                           block_size, scale, out.data_ptr(), torch.get_num_threads())
         _check("paged_decode", rc == 0, f"a shape the kernel serves (code {rc})")
         return out
+
+    def paged_prefill(
+        self,
+        q: torch.Tensor,             # [num_tokens, heads, head_dim] float32, heads dense (rows may be strided)
+        k_cache: torch.Tensor,       # [num_blocks, block_size, kv_heads, head_dim] float32, contiguous
+        v_cache: torch.Tensor,
+        block_tables: torch.Tensor,  # [n, >= blocks of the longest context] int64, rows contiguous
+        chunks: torch.Tensor,        # [n, 3] int64: first row in q, rows, context length (rows included)
+        scale: float,
+        out: torch.Tensor,           # [num_tokens, heads, head_dim] float32, contiguous; chunk rows written
+    ) -> torch.Tensor:
+        """Causal attention of n prefill chunks over their paged context (new K/V already stored):
+        row i of a chunk is at position ctx - rows + i and sees keys 0..that position."""
+        self._check_attention("paged_prefill", q, k_cache, v_cache, block_tables, out)
+        n = block_tables.shape[0]
+        _check("paged_prefill", chunks.dtype == torch.int64 and chunks.shape == (n, 3) and chunks.is_contiguous()
+               and chunks.device.type == "cpu", "int64 chunks [n, 3] beside block_tables [n, max_blocks]")
+        if n:
+            first, rows, ctx = chunks[:, 0], chunks[:, 1], chunks[:, 2]
+            blocks = -(-ctx // k_cache.shape[1])
+            _check("paged_prefill", bool(((first >= 0) & (rows >= 0) & (ctx >= rows) & (first + rows <= q.shape[0])
+                                          & (blocks <= block_tables.shape[1])).all()),
+                   "chunks within q whose contexts fit their block tables")
+        rc = self._prefill(q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), block_tables.data_ptr(),
+                           block_tables.stride(0), chunks.data_ptr(), n, q.shape[1], k_cache.shape[2], q.shape[2],
+                           k_cache.shape[1], scale, out.data_ptr(), torch.get_num_threads())
+        _check("paged_prefill", rc == 0, f"a shape the kernel serves (code {rc})")
+        return out
+
+    @staticmethod
+    def _check_attention(op: str, q, k_cache, v_cache, block_tables, out) -> None:
+        """What both attention kernels need of q, the caches, the tables and out."""
+        head_dim = q.shape[2]
+        cache_dim, kv_heads = k_cache.shape[3], k_cache.shape[2]
+        _check(op, q.dtype == k_cache.dtype == v_cache.dtype == out.dtype == torch.float32, "float32 tensors")
+        _check(op, all(t.device.type == "cpu" for t in (q, k_cache, v_cache, out, block_tables)), "CPU tensors")
+        _check(op, q.stride(2) == 1 and q.stride(1) == head_dim and out.is_contiguous() and k_cache.is_contiguous()
+               and v_cache.is_contiguous(), "dense q heads, contiguous out and caches")
+        _check(op, out.shape == q.shape and v_cache.shape == k_cache.shape and cache_dim == head_dim
+               and q.shape[1] % kv_heads == 0, "matching shapes")
+        _check(op, block_tables.dtype == torch.int64 and block_tables.dim() == 2 and block_tables.stride(1) == 1,
+               "int64 block_tables [n, max_blocks]")
 
     # -- the glue between matmuls (glue.c) --------------------------------------------------
     def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,

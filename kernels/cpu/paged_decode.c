@@ -31,8 +31,7 @@
 #define TILE 16
 #define PF 2      /* prefetch distance, in tiles */
 
-enum { OK = 0, BAD_SHAPE = 1 };
-
+#include "paged.h"
 #include "simd.h"
 
 #if defined(__AVX512F__)
@@ -136,29 +135,6 @@ static void decode_groups(const float *q, const float *kc, const float *vc, cons
 #define VECTOR_OK(G, D, bs) 0
 #endif
 
-/* Portable path: the same online softmax, one token at a time, for query heads [h0, h1). */
-static void decode_heads_portable(const float *q, const float *kc, const float *vc, const int64_t *table,
-                                  int64_t len, int64_t KVH, int64_t G, int64_t D, int64_t bs, float scale,
-                                  int64_t h0, int64_t h1, float *out) {
-    const int64_t tok = KVH * D, blk = bs * KVH * D;
-    for (int64_t h = h0; h < h1; h++) {
-        float acc[D], m = -FLT_MAX, l = 0.f;
-        memset(acc, 0, sizeof acc);
-        const float *qh = q + h * D;
-        for (int64_t t = 0; t < len; t++) {
-            const int64_t at = table[t / bs] * blk + (t % bs) * tok + (h / G) * D;
-            float s = 0.f;
-            for (int64_t d = 0; d < D; d++) s += qh[d] * kc[at + d];
-            s *= scale;
-            const float mx = s > m ? s : m, f = expf(m - mx), e = expf(s - mx);
-            l = l * f + e;
-            m = mx;
-            for (int64_t d = 0; d < D; d++) acc[d] = acc[d] * f + e * vc[at + d];
-        }
-        for (int64_t d = 0; d < D; d++) out[h * D + d] = acc[d] / l;
-    }
-}
-
 int fleet_paged_decode_f32(const float *q, int64_t q_stride, const float *k_cache, const float *v_cache,
                            const int64_t *tables, int64_t table_stride, const int64_t *lens,
                            int64_t n, int64_t H, int64_t KVH, int64_t D, int64_t bs, float scale,
@@ -183,7 +159,7 @@ int fleet_paged_decode_f32(const float *q, int64_t q_stride, const float *k_cach
             continue;
         }
 #endif
-        decode_heads_portable(qs, k_cache, v_cache, tables + s * table_stride, lens[s], KVH, G, D, bs, scale,
+        attend_heads_portable(qs, k_cache, v_cache, tables + s * table_stride, lens[s], KVH, G, D, bs, scale,
                               g0 * G, g1 * G, os);
     }
     return OK;

@@ -22,7 +22,7 @@ def test_a_large_kv_cache_asks_for_huge_pages():
     mode = open("/sys/kernel/mm/transparent_hugepage/enabled").read()
     if "[never]" in mode:
         pytest.skip("transparent huge pages are off on this machine")
-    t = zeros_on_huge_pages((64 << 20) // 4, torch.float32)     # 64 MiB
+    t = zeros_on_huge_pages(((64 << 20) // 4,), torch.float32)  # 64 MiB
     start, end = t.data_ptr(), t.data_ptr() + t.numel() * 4
     huge = 0
     region = None
