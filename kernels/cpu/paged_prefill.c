@@ -87,6 +87,7 @@ static inline __attribute__((always_inline)) void prefill_item(
     for (int64_t t0 = 0; t0 <= last; t0 += 16) {
         const int64_t base = table[t0 / bs] * blk + (t0 % bs) * tok;  /* the tile lies in one block */
         const float *kb = kc + base, *vb = vc + base;
+        const int nt = last + 1 - t0 < 16 ? (int)(last + 1 - t0) : 16;   /* keys of the tile some row sees */
         if (t0 + 16 <= last) {
             const int64_t nx = table[(t0 + 16) / bs] * blk + ((t0 + 16) % bs) * tok;
             for (int t = 0; t < 16; t++)
@@ -95,7 +96,7 @@ static inline __attribute__((always_inline)) void prefill_item(
                     _mm_prefetch((const char *)(vc + nx + t * tok + 16 * j), _MM_HINT_T0);
                 }
         }
-        /* Rows of the tile past the context hold other data or zeros: read, then masked. */
+        /* K rows of the tile past the context hold other data or zeros: read, then masked. */
         for (int j = 0; j < NV; j++) {
             __m512 rows[16];
             for (int t = 0; t < 16; t++) rows[t] = _mm512_loadu_ps(kb + t * tok + 16 * j);
@@ -130,7 +131,7 @@ static inline __attribute__((always_inline)) void prefill_item(
             for (int r = 0; r < 4; r++)
                 for (int j = 0; j < NV; j++)
                     acc[r][j] = _mm512_mul_ps(_mm512_load_ps(O[r0 + r] + 16 * j), _mm512_set1_ps(F[r0 + r]));
-            for (int t = 0; t < 16; t++)
+            for (int t = 0; t < nt; t++)    /* V rows past the context are never read */
                 for (int j = 0; j < NV; j++) {
                     const __m512 v = _mm512_loadu_ps(vb + t * tok + 16 * j);
                     for (int r = 0; r < 4; r++)

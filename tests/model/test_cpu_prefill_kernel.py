@@ -109,3 +109,17 @@ def test_the_attention_benchmark_compares_the_same_step_both_ways():
     mixed = measure("mixed", [30, 41, 70, 20], [1, 1, 70, 5], args)       # decode rows, a prompt, a chunk
     assert mixed["tokens"] == 77 and mixed["context_tokens"] == 161
     assert mixed["max_abs_diff"] < 1e-5 and mixed["torch_ms"] > 0 and mixed["kernel_ms"] > 0
+
+
+def test_stale_slots_past_the_context_never_reach_the_output():
+    # A freed block keeps whatever its last owner wrote; the slots past this chunk's
+    # context must not leak in, even as NaN (0 * NaN would).
+    q, k_cache, v_cache, tables, table = _case([(5, 21), (3, 3)], 9, 3, 64, 16)
+    for c, (_, _, ctx) in enumerate(table.tolist()):
+        last = int(tables[c, (ctx - 1) // 16])
+        k_cache[last, ctx % 16 or 16:] = float("nan")
+        v_cache[last, ctx % 16 or 16:] = float("nan")
+    out = torch.full(q.shape, float("nan"))
+    kernels.paged_prefill(q, k_cache, v_cache, tables, table, 0.125, out)
+    rows = torch.cat([torch.arange(f, f + r) for f, r, _ in table.tolist()])
+    assert torch.isfinite(out[rows]).all()
