@@ -13,7 +13,7 @@
  * Query head h reads KV head h / G, G = H / KVH (grouped-query attention).
  *
  * The AVX-512 path handles one KV head and its G query heads at a time, with G (up to 8)
- * and D (32, 64, 96 or 128) compile-time constants, so that q, the accumulators and the
+ * and D (16, 32, 64, 96 or 128) compile-time constants, so that q, the accumulators and the
  * softmax state stay in registers and each K/V row is loaded once for the whole group. It
  * prefetches the K/V rows PF tiles ahead: blocks are scattered, so the hardware
  * prefetchers lose the stream at every block boundary. Other shapes, and machines without
@@ -124,13 +124,13 @@ static void decode_groups(const float *q, const float *kc, const float *vc, cons
         float *og = out + g * G * D;
 #define CASE(GG, NN) case GG * 16 + NN: decode_group(qg, kg, vg, table, len, tok, blk, bs, scale, og, GG, NN); break;
 #define CASES(NN) CASE(1, NN) CASE(2, NN) CASE(3, NN) CASE(4, NN) CASE(5, NN) CASE(6, NN) CASE(7, NN) CASE(8, NN)
-        switch (G * 16 + D / 16) { CASES(2) CASES(4) CASES(6) CASES(8) }
+        switch (G * 16 + D / 16) { CASES(1) CASES(2) CASES(4) CASES(6) CASES(8) }
 #undef CASES
 #undef CASE
     }
 }
 
-#define VECTOR_OK(G, D, bs) ((G) <= 8 && ((D) == 32 || (D) == 64 || (D) == 96 || (D) == 128) && (bs) % TILE == 0)
+#define VECTOR_OK(G, D, bs) ((G) <= 8 && ((D) == 16 || (D) == 32 || (D) == 64 || (D) == 96 || (D) == 128) && (bs) % TILE == 0)
 #else
 #define VECTOR_OK(G, D, bs) 0
 #endif

@@ -19,7 +19,7 @@
  * adds each tile's V rows into accumulators kept in L1. On the 2-core AMD EPYC measured
  * (float32 matmul peak ~520 GFLOP/s) it ran at 170 GFLOP/s on the benchmark's 64 prompts
  * of 8-384 tokens and 260 on prompts of 1-4k, 1.7-2.4x torch's flash SDPA.
- * Shapes the AVX-512 path does not take (head_dim other than 32/64/96/128, block_size not a
+ * Shapes the AVX-512 path does not take (head_dim other than 16/32/64/96/128, block_size not a
  * multiple of 16, groups over ROWS heads, no AVX-512) run the portable loops of paged.h.
  */
 #include <float.h>
@@ -155,11 +155,11 @@ static void prefill_rows(const float *q, int64_t q_stride, const float *kc, cons
     const int64_t tok = KVH * D, blk = bs * KVH * D;
 #define CASE(NN) case NN: prefill_item(q, q_stride, kc + g * D, vc + g * D, table, first, i0, ni, g, G, tok, blk, bs, \
                                         scale, out, out_stride, NN); break;
-    switch (D / 16) { CASE(2) CASE(4) CASE(6) CASE(8) }
+    switch (D / 16) { CASE(1) CASE(2) CASE(4) CASE(6) CASE(8) }
 #undef CASE
 }
 
-#define VECTOR_OK(G, D, bs) ((G) <= ROWS && ((D) == 32 || (D) == 64 || (D) == 96 || (D) == 128) && (bs) % 16 == 0)
+#define VECTOR_OK(G, D, bs) ((G) <= ROWS && ((D) == 16 || (D) == 32 || (D) == 64 || (D) == 96 || (D) == 128) && (bs) % 16 == 0)
 #else
 #define VECTOR_OK(G, D, bs) 0
 #endif

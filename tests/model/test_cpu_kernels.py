@@ -53,6 +53,7 @@ def _reference(q, k_cache, v_cache, tables, lens, scale):
     (8, 8, 64, 16),      # no grouping
     (32, 8, 128, 16),    # Llama-3-8B
     (4, 1, 32, 32),      # a block holds two tiles
+    (4, 2, 16, 16),      # the tiny test models' heads
     (6, 2, 24, 16),      # head_dim not a multiple of 16: portable loops
     (4, 2, 64, 8),       # block smaller than a tile: portable loops
     (14, 2, 96, 16),     # head_dim 96, groups of 7
@@ -75,7 +76,7 @@ def test_the_simd_path_serves_the_common_shapes():
     if " avx512f " not in flags:
         pytest.skip("no AVX-512 here: the portable loops serve every shape")
     assert kernels.vectorized(9, 3, 64, 16) and kernels.vectorized(32, 8, 128, 32) and kernels.vectorized(4, 1, 32, 16)
-    assert kernels.vectorized(14, 2, 96, 16) and kernels.vectorized(8, 8, 64, 16)
+    assert kernels.vectorized(14, 2, 96, 16) and kernels.vectorized(8, 8, 64, 16) and kernels.vectorized(4, 2, 16, 16)
     assert not kernels.vectorized(6, 2, 24, 16) and not kernels.vectorized(4, 2, 64, 8)
     assert not kernels.vectorized(16, 1, 64, 16) and not kernels.vectorized(4, 2, 256, 16)
 

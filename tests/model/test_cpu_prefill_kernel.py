@@ -55,6 +55,7 @@ def _reference(q, k_cache, v_cache, tables, chunks, scale, out):
     (8, 8, 32, 32),      # no grouping, a block of two tiles
     (32, 8, 128, 16),    # Llama-3-8B
     (14, 2, 96, 16),     # groups of 7, head_dim 96
+    (4, 2, 16, 16),      # the tiny test models' heads
     (6, 2, 24, 16),      # head_dim not served by the SIMD path: portable loops
     (4, 2, 64, 8),       # block smaller than a tile: portable loops
 ])
