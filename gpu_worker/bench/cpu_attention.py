@@ -30,7 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", type=Path, default=None)
 
 
-def _step(seq_lens: list[int], query_lens: list[int], kv_heads: int, head_dim: int, bs: int, seed: int):
+def step_metadata(seq_lens: list[int], query_lens: list[int], bs: int, seed: int):
     """Metadata for one step (decode rows first), its block ids scattered over a cache that
     holds them all with room to spare."""
     rng = random.Random(seed)
@@ -48,7 +48,7 @@ def _step(seq_lens: list[int], query_lens: list[int], kv_heads: int, head_dim: i
 
 
 def measure(case: str, seq_lens: list[int], query_lens: list[int], args: argparse.Namespace) -> dict:
-    meta, num_blocks = _step(seq_lens, query_lens, args.kv_heads, args.head_dim, args.block_size, seed=0)
+    meta, num_blocks = step_metadata(seq_lens, query_lens, args.block_size, seed=0)
     gen = torch.Generator().manual_seed(0)
     shape = (num_blocks, args.block_size, args.kv_heads, args.head_dim)
     caches = [(torch.randn(shape, generator=gen), torch.randn(shape, generator=gen)) for _ in range(args.layers)]

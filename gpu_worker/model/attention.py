@@ -42,6 +42,7 @@ class _DecodeBucket:
     block_ids: torch.Tensor         # [num_rows * blocks] int64
     num_blocks: int                 # blocks per row (padded)
     mask: torch.Tensor              # [num_rows, 1, 1, num_blocks * block_size] float (0 / -inf)
+    past: torch.Tensor | None       # [num_rows, num_blocks * block_size, 1, 1] bool: slots past the context
 
 
 @dataclass(frozen=True)
@@ -120,8 +121,9 @@ def _decode_buckets(meta: AttentionMetadata) -> list[_DecodeBucket]:
         lens = torch.tensor(meta.seq_lens[i:j])
         keep = torch.arange(num_blocks * bs)[None, :] < lens[:, None]
         mask = torch.zeros(keep.shape).masked_fill_(~keep, float("-inf"))
+        past = None if keep.all() else ~keep.view(j - i, -1, 1, 1)
         decodes.append(_DecodeBucket(i, j, meta.block_tables[i:j, :num_blocks].reshape(-1),
-                                     num_blocks, mask.view(j - i, 1, 1, -1)))
+                                     num_blocks, mask.view(j - i, 1, 1, -1), past))
         i = j
     return decodes
 
@@ -193,8 +195,12 @@ def _bucketed_decode(q, k_cache, v_cache, plan: CpuAttentionPlan, scale: float, 
     for b in plan.decodes:
         rows = b.end - b.start
         shape = (rows, b.num_blocks * bs, num_kv_heads, head_dim)
-        kk = k_cache.index_select(0, b.block_ids).view(shape).transpose(1, 2)
-        vv = v_cache.index_select(0, b.block_ids).view(shape).transpose(1, 2)
+        kk = k_cache.index_select(0, b.block_ids).view(shape)
+        vv = v_cache.index_select(0, b.block_ids).view(shape)
+        if b.past is not None:  # other requests' slots: a NaN there would get through the mask
+            kk.masked_fill_(b.past, 0.0)
+            vv.masked_fill_(b.past, 0.0)
+        kk, vv = kk.transpose(1, 2), vv.transpose(1, 2)
         qq = q[b.start:b.end].unsqueeze(2)  # [rows, heads, 1, head_dim]
         o = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=b.mask, scale=scale, enable_gqa=True)
         out[b.start:b.end] = o.squeeze(2)
