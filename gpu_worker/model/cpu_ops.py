@@ -1,5 +1,5 @@
 """The ``cpu`` ops backend: the C kernels of ``kernels/cpu`` for the glue between matmuls and
-for decode attention, the torch ops for everything else and wherever a kernel does not
+for attention (decode rows and prefill chunks), the torch ops for everything else and wherever a kernel does not
 apply (its wrapper refuses a dtype other than float32 or a layout it does not take with a
 ValueError, and the op falls back). Chosen by default on the CPU when the kernels build
 (``gpu_worker/model/cpu_native.py``); ``FLEET_OPS=torch`` or ``FLEET_CPU_KERNELS=0`` keeps

@@ -1,7 +1,7 @@
 """The model's compute ops, chosen once per model: the one switch between backends.
 
 ``cpu`` (default off CUDA): the C kernels of ``kernels/cpu`` for the glue between matmuls
-and for decode attention, torch for the rest (``cpu_ops.py``); ``torch`` where they cannot
+and for attention, torch for the rest (``cpu_ops.py``); ``torch`` where they cannot
 be built (no C compiler) or ``FLEET_CPU_KERNELS=0``.
 ``torch``: plain torch ops and the CPU paged attention; the CPU reference.
 ``triton`` (default on CUDA): the Triton kernels in ``kernels/``. It also runs on CPU tensors

@@ -8,6 +8,10 @@
 
 enum { OK = 0, BAD_SHAPE = 1 };
 
+/* The head sizes the AVX-512 paths instantiate (D / 16 vectors of 16 floats per head); both
+ * kernels also need whole 16-token tiles inside a block. */
+#define VECTOR_SHAPE(D, bs) (((D) == 16 || (D) == 32 || (D) == 64 || (D) == 96 || (D) == 128) && (bs) % 16 == 0)
+
 /* One query row (all H heads at q, dense) over the first len keys of its paged K/V, for
  * query heads [h0, h1): an online softmax one token at a time. Layouts as in the kernels. */
 static void attend_heads_portable(const float *q, const float *kc, const float *vc, const int64_t *table,

@@ -130,7 +130,7 @@ static void decode_groups(const float *q, const float *kc, const float *vc, cons
     }
 }
 
-#define VECTOR_OK(G, D, bs) ((G) <= 8 && ((D) == 16 || (D) == 32 || (D) == 64 || (D) == 96 || (D) == 128) && (bs) % TILE == 0)
+#define VECTOR_OK(G, D, bs) ((G) <= 8 && VECTOR_SHAPE(D, bs))
 #else
 #define VECTOR_OK(G, D, bs) 0
 #endif

@@ -159,7 +159,7 @@ static void prefill_rows(const float *q, int64_t q_stride, const float *kc, cons
 #undef CASE
 }
 
-#define VECTOR_OK(G, D, bs) ((G) <= ROWS && ((D) == 16 || (D) == 32 || (D) == 64 || (D) == 96 || (D) == 128) && (bs) % 16 == 0)
+#define VECTOR_OK(G, D, bs) ((G) <= ROWS && VECTOR_SHAPE(D, bs))
 #else
 #define VECTOR_OK(G, D, bs) 0
 #endif
