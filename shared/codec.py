@@ -1,13 +1,11 @@
 """The one encoder and the decoders of the protocol, built once and reused."""
 from __future__ import annotations
 
-import re
-from typing import Any
-
 import msgspec
 
 from shared import errors, limits as L
 from shared.protocol import Cancel, Event, Request, Terminal, Token
+from shared.scan import scan
 
 _encoder = msgspec.json.Encoder()
 _request_decoder = msgspec.json.Decoder(Request)
@@ -15,57 +13,44 @@ _event_decoder = msgspec.json.Decoder(Event)
 _terminal_decoder = msgspec.json.Decoder(Terminal)
 _token_decoder = msgspec.json.Decoder(Token)
 _cancel_decoder = msgspec.json.Decoder(Cancel)
-_ID_RE = re.compile(L.REQUEST_ID_PATTERN)
-_TENANT_RE = re.compile(L.TENANT_PATTERN)
-
-
-class _Peek(msgspec.Struct):
-    """Lenient view of a payload, to classify a failure and address the client."""
-
-    v: Any = L.PROTOCOL_VERSION
-    request_id: Any = None
-    tenant: Any = "default"
-
-
-_peek_decoder = msgspec.json.Decoder(_Peek)
 
 
 def encode(obj: msgspec.Struct) -> bytes:
     return _encoder.encode(obj)
 
 
-def decode_request(raw: bytes | str) -> Request:
+def decode_request(raw: object) -> Request:
     """Decode and bound-check one stream entry's payload.
 
-    Raises :class:`~shared.errors.ProtocolError` with code ``too_large``,
-    ``unsupported_version`` or ``malformed``; never anything else.
+    Raises :class:`~shared.errors.ProtocolError` with code ``too_large``, ``too_deep``,
+    ``unsupported_version`` or ``malformed`` (never anything else, whatever ``raw`` holds),
+    carrying the request id and tenant wherever a bounded scan can read them.
     """
     if isinstance(raw, str):
-        raw = raw.encode()
+        raw = raw.encode("utf-8", "surrogatepass")
+    if not isinstance(raw, (bytes, bytearray)):
+        raise errors.ProtocolError(errors.MALFORMED, f"payload must be bytes, got {type(raw).__name__}")
     if len(raw) > L.MAX_PAYLOAD_BYTES:
-        raise errors.ProtocolError(errors.TOO_LARGE,
-                                   f"payload is {len(raw)} bytes; the limit is {L.MAX_PAYLOAD_BYTES}")
+        raise _failed(raw, errors.TOO_LARGE,
+                      f"payload is {len(raw)} bytes; the limit is {L.MAX_PAYLOAD_BYTES}")
     try:
         return _request_decoder.decode(raw)
     except (msgspec.DecodeError, ValueError, TypeError) as exc:
-        request_id, tenant, version = _peek(raw)
-        code = errors.MALFORMED
-        if isinstance(version, int) and version != L.PROTOCOL_VERSION:
-            code = errors.UNSUPPORTED_VERSION
-        raise errors.ProtocolError(code, str(exc), request_id=request_id, tenant=tenant) from None
+        message = str(exc)
+    except RecursionError:  # msgspec recursed: the scan below says how deep it went
+        message = "nested too deeply"
+    except Exception as exc:  # noqa: BLE001 - hostile input must never escape as anything else
+        message = f"undecodable ({type(exc).__name__})"
+    raise _failed(raw, errors.MALFORMED, message)
 
 
-def _peek(raw: bytes) -> tuple[str | None, str | None, Any]:
-    try:
-        peek = _peek_decoder.decode(raw)
-    except (msgspec.DecodeError, ValueError, TypeError):
-        return None, None, None
-    request_id = peek.request_id if isinstance(peek.request_id, str) else None
-    tenant = peek.tenant if isinstance(peek.tenant, str) else None
-    if request_id is None or not _ID_RE.match(request_id) or tenant is None \
-            or not _TENANT_RE.match(tenant):
-        return None, None, peek.v
-    return request_id, tenant, peek.v
+def _failed(raw: bytes, code: str, message: str) -> errors.ProtocolError:
+    found = scan(raw)
+    if found.too_deep:
+        code, message = errors.TOO_DEEP, f"JSON nested deeper than {L.MAX_JSON_DEPTH} levels"
+    elif code == errors.MALFORMED and found.version not in (None, L.PROTOCOL_VERSION):
+        code = errors.UNSUPPORTED_VERSION
+    return errors.ProtocolError(code, message, request_id=found.request_id, tenant=found.tenant)
 
 
 def decode_event(raw: bytes | str) -> Event:

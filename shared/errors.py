@@ -5,6 +5,7 @@ from __future__ import annotations
 # such as ``prompt_too_long`` or ``invalid_temperature``).
 MALFORMED = "malformed"  # not JSON, wrong types, missing or unknown fields
 TOO_LARGE = "too_large"  # payload over MAX_PAYLOAD_BYTES
+TOO_DEEP = "too_deep"  # JSON nested deeper than MAX_JSON_DEPTH
 UNSUPPORTED_VERSION = "unsupported_version"
 POISON = "poison"  # delivered too many times without finishing
 INTERNAL = "internal"  # the engine failed on this request

@@ -20,9 +20,17 @@ MAX_METADATA_ITEMS = 32
 MAX_METADATA_KEY_CHARS = 64
 MAX_METADATA_VALUE_CHARS = 1024
 MAX_TOKEN_ID = 2**31 - 1
+MAX_TOP_K = 2**31 - 1  # beyond the vocabulary it means no top-k; bounded so every engine holds it
+MAX_UNIX_TIME = 1e11  # deadlines and timestamps, seconds (year 5138)
 
 # Ids become part of Redis key names, so they are restricted to a safe alphabet: no
 # braces (hash tags), no spaces, no glob characters.
 REQUEST_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$"
 TENANT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,63}$"
 MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,63}$"
+
+# Untrusted JSON is never nested deeper than this (a request needs 3 levels): deeper
+# payloads are refused before any recursive decoder sees them.
+MAX_JSON_DEPTH = 64
+# How much of a payload the non-recursive scanner reads to find an id to answer.
+MAX_SCAN_BYTES = 4 * 1024 * 1024

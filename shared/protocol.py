@@ -22,7 +22,7 @@ RequestId = Annotated[str, Meta(pattern=L.REQUEST_ID_PATTERN,
 Tenant = Annotated[str, Meta(pattern=L.TENANT_PATTERN)]
 TokenId = Annotated[int, Meta(ge=0, le=L.MAX_TOKEN_ID)]
 Lane = Literal["high", "default", "batch"]
-NonNegFloat = Annotated[float, Meta(ge=0.0)]
+NonNegFloat = Annotated[float, Meta(ge=0.0, le=L.MAX_UNIX_TIME)]
 
 
 class ChatMessage(Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
@@ -48,7 +48,7 @@ class Request(Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     max_tokens: Annotated[int, Meta(ge=1, le=L.MAX_TOKENS)] = 16
     min_tokens: Annotated[int, Meta(ge=0, le=L.MAX_TOKENS)] = 0
     temperature: Annotated[float, Meta(ge=0.0, le=100.0)] = 1.0
-    top_k: Annotated[int, Meta(ge=0)] = 0
+    top_k: Annotated[int, Meta(ge=0, le=L.MAX_TOP_K)] = 0
     top_p: Annotated[float, Meta(gt=0.0, le=1.0)] = 1.0
     min_p: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.0
     repetition_penalty: Annotated[float, Meta(gt=0.0, le=100.0)] = 1.0
@@ -62,7 +62,7 @@ class Request(Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     logprobs: Annotated[int, Meta(ge=0, le=L.MAX_LOGPROBS)] | None = None
     speculative: bool = True
     priority: Lane = "default"
-    deadline: Annotated[float, Meta(gt=0.0)] | None = None
+    deadline: Annotated[float, Meta(gt=0.0, le=L.MAX_UNIX_TIME)] | None = None
     metadata: Annotated[dict[Annotated[str, Meta(max_length=L.MAX_METADATA_KEY_CHARS)],
                              Annotated[str, Meta(max_length=L.MAX_METADATA_VALUE_CHARS)]],
                         Meta(max_length=L.MAX_METADATA_ITEMS)] = {}
