@@ -8,8 +8,10 @@ event loop or the engine thread is stuck.
   engine thread is alive, and an engine with work finished a pass within
   ``engine_stall_s``. A lost Redis does not make a worker unlive: it reconnects with
   backoff, and restarting it would not help.
-- ready (``/readyz``): serving, not draining, engine thread alive. Not ready while the
-  model loads, while connecting to Redis for the first time, or after SIGTERM.
+- ready (``/readyz``): serving, not draining, engine thread alive, and Redis answering
+  (not ready while it refuses the worker: lost, out of memory, permission denied, a
+  cluster redirect). Not ready while the model loads, while connecting to Redis for the
+  first time, or after SIGTERM.
 """
 from __future__ import annotations
 
@@ -76,6 +78,8 @@ class Health:
             return False, "draining"
         if not self._state.engine.alive:
             return False, "engine thread died"
+        if self._state.redis_problem is not None:
+            return False, f"redis: {self._state.redis_problem.value}"
         return True, "ok"
 
 

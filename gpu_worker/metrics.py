@@ -93,6 +93,10 @@ class WorkerMetrics:
         self.dead_lettered = c("fleet:requests_dead_lettered", "Entries moved to the dead-letter "
                                "stream by this worker")
         self.cancelled = c("fleet:requests_cancelled", "Requests that ended cancelled")
+        self.redis_errors = c("fleet:redis_errors", "Redis errors met, by class (transient, "
+                              "missing, denied, oom, redirect, request)", ("kind",))
+        self.redis_oom = g("fleet:redis_refusing_writes",
+                           "1 while Redis refuses writes (out of memory): no new work is read")
 
     # -- construction ------------------------------------------------------------------
     def _gauge(self, name: str, doc: str):
@@ -201,8 +205,15 @@ class WorkerMetrics:
         if num_entries:
             self.reclaimed.inc(num_entries)
 
-    def on_dead_letter(self) -> None:
-        self.dead_lettered.inc()
+    def on_redis_error(self, kind: str) -> None:
+        self.redis_errors.labels(self.model_name, kind).inc()
+
+    def redis_refusing(self, refusing: bool) -> None:
+        self.redis_oom.set(1 if refusing else 0)
+
+    def on_dead_letter(self, num_entries: int = 1) -> None:
+        if num_entries:
+            self.dead_lettered.inc(num_entries)
 
 
 DISABLED = WorkerMetrics("disabled")  # a sink for callers that do not serve metrics

@@ -3,24 +3,33 @@
 Every entry ends in exactly one of: owned and handed to the engine; a duplicate of a
 request already done or owned elsewhere (acked, nothing generated); a terminal event stored
 for its client (cancelled before start, deadline passed, poison, malformed but addressable)
-then acked; or, unaddressable, dead-lettered and acked. One pipelined round-trip begins all
-entries of a read; one more stores the terminal events; acks follow what was stored.
+then acked; unaddressable, dead-lettered and acked; or handed back untouched when the
+server refused the writes that would end it (out of memory, permissions), without counting
+a delivery. One pipelined round-trip begins all entries of a read; one more stores the
+terminal events; acks follow what was stored.
+
+Every entry is hostile: whatever goes wrong while one is read, planned or begun ends that
+entry alone. The delivery count is checked before the payload is parsed, so even an entry
+that kills the process on parsing is dead-lettered after ``max_deliveries``.
 """
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gpu_worker.edge import calls
 from gpu_worker.edge.inflight import Entry, Inflight, resume_state
 from gpu_worker.edge.options import WorkerOptions
+from gpu_worker.edge.redis_errors import Kind, classify
 from gpu_worker.edge.redis_io import RedisIO
+from gpu_worker.edge.scripts import Begun
 from gpu_worker.metrics import DISABLED, WorkerMetrics  # ops: metrics
 from gpu_worker.outputs import RequestDelta
 from shared import codec, errors, keys
 from shared.errors import ProtocolError
 from shared.protocol import Request
+from shared.scan import scan
 
 logger = logging.getLogger(__name__)
 
@@ -35,94 +44,145 @@ class _Plan:
     message: str = ""
 
 
-def _plan(entry: Entry, options: WorkerOptions) -> _Plan:
-    raw = entry.fields.get(keys.STREAM_FIELD.encode(), entry.fields.get(keys.STREAM_FIELD))
+@dataclass
+class Accepted:
+    """What :func:`accept` made of a read: ``running`` to hand to the engine; ``handback``
+    to give back untouched, because ``error`` (a server-wide refusal) stopped them."""
+
+    running: list[Inflight] = field(default_factory=list)
+    handback: list[Entry] = field(default_factory=list)
+    error: BaseException | None = None
+
+
+def payload(entry: Entry) -> object:
+    return entry.fields.get(keys.STREAM_FIELD.encode(), entry.fields.get(keys.STREAM_FIELD))
+
+
+def plan(entry: Entry, options: WorkerOptions) -> _Plan:
+    """What to do with one entry. Never raises."""
+    raw = payload(entry)
+    if entry.deliveries > options.max_deliveries:  # before parsing: it may be what kills us
+        found = scan(raw if isinstance(raw, bytes) else b"")
+        return _Plan(entry, None, found.tenant, found.request_id, errors.POISON,
+                     f"delivered {entry.deliveries} times without finishing "
+                     f"(limit {options.max_deliveries})")
     try:
         request = codec.decode_request(raw if raw is not None else b"")
     except ProtocolError as exc:
         return _Plan(entry, None, exc.tenant, exc.request_id, exc.code, exc.message)
-    plan = _Plan(entry, request, request.tenant, request.request_id)
-    if entry.deliveries > options.max_deliveries:
-        plan.code = errors.POISON
-        plan.message = (f"delivered {entry.deliveries} times without finishing "
-                        f"(limit {options.max_deliveries})")
-    return plan
+    except Exception as exc:  # noqa: BLE001 - a bug of ours must end this entry only
+        logger.exception("decoding entry %s failed", entry.entry_id)
+        found = scan(raw if isinstance(raw, bytes) else b"")
+        return _Plan(entry, None, found.tenant, found.request_id, errors.INTERNAL,
+                     f"the worker could not decode this entry ({type(exc).__name__})")
+    return _Plan(entry, request, request.tenant, request.request_id)
 
 
 async def accept(io: RedisIO, options: WorkerOptions, entries: list[Entry],
-                 metrics: WorkerMetrics = DISABLED) -> list[Inflight]:
-    """Begin ``entries`` in Redis; return the ones the engine should now run."""
-    plans = [_plan(e, options) for e in entries]
+                 metrics: WorkerMetrics = DISABLED) -> Accepted:
+    """Begin ``entries`` in Redis. Raises only what the BEGIN round-trip itself raises
+    (the connection); every per-entry outcome is in the returned :class:`Accepted`."""
+    plans = [plan(e, options) for e in entries]
     addressed = [p for p in plans if p.request_id is not None]
     now = time.time()
     replies = await io.run([calls.begin(options, p.tenant, p.request_id, p.entry, now)
-                            for p in addressed])
-    accepted: list[Inflight] = []
-    writes: list[tuple] = []
-    finished: list[Entry] = []  # ack once the write pipeline has stored their events
-    for plan, reply in zip(addressed, replies):
-        if isinstance(reply, Exception):
-            raise reply
-        status = reply[0].decode()
-        if status != "ok":
-            logger.info("entry %s: request %s is %s; acknowledging without generating",
-                        plan.entry.entry_id, plan.request_id, status)
-            finished.append(plan.entry)
-            if plan.code is not None:
-                writes.append(calls.dead_letter(options, plan.entry, plan.code, plan.message))
-                metrics.on_dead_letter()  # ops: metrics
+                            for p in addressed]) if addressed else []
+    out = Accepted()
+    endings: list[tuple[Entry, list[tuple]]] = []  # an entry, and the writes that end it
+    for p, reply in zip(addressed, replies):
+        if isinstance(reply, Exception) and classify(reply) is not Kind.REQUEST:
+            out.handback.append(p.entry)
+            out.error = reply
             continue
-        inf = _inflight(plan, reply, options)
-        outcome = _terminal_now(plan, inf, reply[2] == b"1", now, options)
-        if outcome is None:
-            accepted.append(inf)
-            continue
-        writes.append(calls.finish(options, io.publish_command, inf, outcome))
-        metrics.on_terminal(outcome)  # ops: metrics
-        if plan.code is not None:
-            writes.append(calls.dead_letter(options, plan.entry, plan.code, plan.message))
-            metrics.on_dead_letter()  # ops: metrics
-        finished.append(plan.entry)
-    for plan in plans:
-        if plan.request_id is None:
-            logger.warning("dead-lettering entry %s of %s: %s: %s", plan.entry.entry_id,
-                           plan.entry.stream, plan.code, plan.message)
-            writes.append(calls.dead_letter(options, plan.entry, plan.code, plan.message))
-            metrics.on_dead_letter()  # ops: metrics
-            finished.append(plan.entry)
-    if writes:
-        for result in await io.run(writes):
-            if isinstance(result, Exception):
-                raise result
+        ending = _settle(p, reply, options, io.publish_command, now, out, metrics)
+        if ending is not None:
+            endings.append((p.entry, ending))
+    for p in plans:
+        if p.request_id is None:
+            logger.warning("dead-lettering entry %s of %s: %s: %s", p.entry.entry_id,
+                           p.entry.stream, p.code, p.message)
+            endings.append((p.entry, [calls.dead_letter(options, p.entry, p.code, p.message)]))
+    finished = await _store(io, endings, out, metrics)
     if finished:
         await io.run(calls.ack(options, finished))
-    return accepted
+    return out
 
 
-def _inflight(plan: _Plan, reply: list, options: WorkerOptions) -> Inflight:
-    token_ids, text = resume_state(reply[5:])
-    first_token = reply[4].decode() if reply[4] else ""
-    request = plan.request
+def _settle(p: _Plan, reply, options: WorkerOptions, publish_command: str, now: float,
+            out: Accepted, metrics: WorkerMetrics) -> list[tuple] | None:
+    """Run the begun request (None), or the writes that end its entry now."""
+    dead = [] if p.code is None else [calls.dead_letter(options, p.entry, p.code, p.message)]
+    try:
+        if isinstance(reply, Exception):  # about this request's own keys (a client wrote them)
+            raise reply
+        begun = Begun.parse(reply)
+    except Exception as exc:  # noqa: BLE001 - not begun, so no failure can be stored
+        logger.warning("entry %s: request %s cannot be begun: %s", p.entry.entry_id,
+                       p.request_id, exc)
+        return dead or [calls.dead_letter(options, p.entry, errors.INTERNAL, str(exc))]
+    try:
+        if begun.status != "ok":
+            logger.info("entry %s: request %s is %s; acknowledging without generating",
+                        p.entry.entry_id, p.request_id, begun.status)
+            return dead
+        inf = _inflight(p, begun)
+        outcome = _terminal_now(p, inf, begun.cancelled, now, options)
+    except Exception as exc:  # noqa: BLE001 - e.g. stored progress a client overwrote
+        logger.exception("entry %s: request %s could not be begun", p.entry.entry_id,
+                         p.request_id)
+        inf = _inflight(_Plan(p.entry, None, p.tenant, p.request_id), begun, progress=False)
+        outcome = inf.failure(errors.INTERNAL, f"the request's stored state is unreadable "
+                                               f"({type(exc).__name__})")
+        dead = [calls.dead_letter(options, p.entry, errors.INTERNAL, str(exc))]
+    if outcome is None:
+        out.running.append(inf)
+        return None
+    metrics.on_terminal(outcome)  # ops: metrics
+    return [calls.finish(options, publish_command, inf, outcome), *dead]
+
+
+async def _store(io: RedisIO, endings: list[tuple[Entry, list[tuple]]], out: Accepted,
+                 metrics: WorkerMetrics) -> list[Entry]:
+    """Run every ending's writes in one round-trip; the entries to acknowledge."""
+    flat = [call for _, writes in endings for call in writes]
+    results = iter(await io.run(flat)) if flat else iter(())
+    finished: list[Entry] = []
+    for entry, writes in endings:
+        errs = [r for r in (next(results) for _ in writes) if isinstance(r, Exception)]
+        refused = [e for e in errs if classify(e) is not Kind.REQUEST]
+        if refused:  # not stored: give it back, to be ended when the server takes writes
+            out.handback.append(entry)
+            out.error = refused[0]
+            continue
+        for exc in errs:
+            logger.error("entry %s: ending write failed: %s", entry.entry_id, exc)
+        metrics.on_dead_letter(sum(1 for w in writes if w[0] == "XADD"))  # ops: metrics
+        finished.append(entry)
+    return finished
+
+
+def _inflight(p: _Plan, begun: Begun, *, progress: bool = True) -> Inflight:
+    token_ids, text = resume_state(list(begun.progress)) if progress else ([], "")
+    request = p.request
     if request is None:  # malformed but addressable: a stand-in, only to store the failure
-        request = Request(request_id=plan.request_id, tenant=plan.tenant, prompt="")
-    return Inflight(request=request, entry=plan.entry, owner=reply[1].decode(),
+        request = Request(request_id=p.request_id, tenant=p.tenant, prompt="")
+    return Inflight(request=request, entry=p.entry, owner=begun.owner,
                     prior_token_ids=token_ids, prior_text=text,
-                    first_start=float(reply[3]),
-                    first_token_at=float(first_token) if first_token else None)
+                    first_start=begun.first_start, first_token_at=begun.first_token_at)
 
 
-def _terminal_now(plan: _Plan, inf: Inflight, cancelled: bool, now: float,
+def _terminal_now(p: _Plan, inf: Inflight, cancelled: bool, now: float,
                   options: WorkerOptions):
     """The terminal event due before any engine work, or None to run the request."""
-    if plan.code is not None:
-        logger.warning("failing request %s (%s): %s", plan.request_id, plan.code, plan.message)
-        return inf.failure(plan.code, plan.message)
+    if p.code is not None:
+        logger.warning("failing request %s (%s): %s", p.request_id, p.code, p.message)
+        return inf.failure(p.code, p.message)
     reason = None
     if cancelled:
         reason = "cancelled"
-    elif plan.request.deadline is not None and plan.request.deadline <= now:
+    elif p.request.deadline is not None and p.request.deadline <= now:
         reason = "timeout"
-    elif len(inf.prior_token_ids) >= plan.request.max_tokens:
+    elif len(inf.prior_token_ids) >= p.request.max_tokens:
         reason = "length"  # a previous worker generated everything but died before finishing
     if reason is None:
         return None

@@ -21,13 +21,15 @@ def publish(options: WorkerOptions, publish_command: str, inf: Inflight, event: 
             first_token_at: float | None) -> tuple:
     stamp = "" if first_token_at is None else repr(first_token_at)
     return ("script", "publish", inf.redis_keys,
-            [inf.owner, options.result_ttl_ms, publish_command, codec.encode(event), stamp])
+            [inf.owner, options.result_ttl_ms, publish_command, codec.encode(event), stamp,
+             event.seq, event.seq + len(event.token_ids)])
 
 
 def finish(options: WorkerOptions, publish_command: str, inf: Inflight,
            event: Result | Failure) -> tuple:
+    num_tokens = len(event.token_ids) if isinstance(event, Result) else ""
     return ("script", "finish", inf.redis_keys,
-            [inf.owner, options.result_ttl_ms, publish_command, codec.encode(event)])
+            [inf.owner, options.result_ttl_ms, publish_command, codec.encode(event), num_tokens])
 
 
 def _by_stream(entries: list[Entry]) -> dict[str, list[str]]:

@@ -1,23 +1,39 @@
 """Engine steps out to Redis: one pipelined round-trip per step (or fewer, coalesced).
 
 For every request a step touched: its token event (published on its channel and appended
-to its durable progress, owner-checked); when finished, its terminal event (stored, then
-published). Acks follow only terminal events the server confirmed stored.
+to its durable progress, owner-checked and in ``seq`` order); when finished, its terminal
+event (stored, then published). Acks follow only terminal events the server confirmed
+stored. A write the server refuses as a whole (connection lost, out of memory, a
+failover) is retried, alone and in order, until it is answered: progress is never dropped,
+and a retried write the server had already applied is recognised, not repeated.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
+from dataclasses import dataclass
 
 from gpu_worker.edge import calls
 from gpu_worker.edge.engine_loop import StepReport
 from gpu_worker.edge.inflight import Entry, Inflight
-from gpu_worker.edge.redis_io import TRANSIENT, Backoff
+from gpu_worker.edge.redis_errors import Kind, classify
+from gpu_worker.edge.redis_io import Backoff
+from gpu_worker.edge.scripts import Finished, Published
 from gpu_worker.edge.state import WorkerState
 from gpu_worker.outputs import RequestDelta
+from shared import errors
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _Write:
+    """One call of a batch, and what its answer means: ``kind`` is publish, finish or dead."""
+
+    kind: str
+    inf: Inflight
+    call: tuple
 
 
 class Publisher:
@@ -47,8 +63,7 @@ class Publisher:
 
     async def publish(self, batch: list[StepReport]) -> None:
         st = self.state
-        plan: list[tuple[str, Inflight]] = []  # what each call means
-        writes: list[tuple] = []
+        writes: list[_Write] = []
         handoffs: list[Entry] = []
         for report in batch:
             st.last_report = report
@@ -61,72 +76,133 @@ class Publisher:
             for key, code, message in report.failures:
                 inf = st.inflight.get(key)
                 if inf is not None:
-                    plan.append(("finish", inf))
-                    writes.append(calls.finish(st.options, st.io.publish_command, inf,
-                                               inf.failure(code, message)))
-                    writes.append(calls.dead_letter(st.options, inf.entry, code, message))
-                    plan.append(("dead", inf))
+                    writes.append(_Write("finish", inf, calls.finish(
+                        st.options, st.io.publish_command, inf, inf.failure(code, message))))
+                    writes.append(_Write("dead", inf, calls.dead_letter(
+                        st.options, inf.entry, code, message)))
             for delta in report.deltas:
-                self._delta_calls(delta, plan, writes, handoffs)
+                writes.extend(self._delta_writes(delta, handoffs))
             if report.admitted or report.released or report.failures:
                 st.capacity.set()
+        acks: list[Entry] = []
+        dead: list[tuple] = []
         if writes:
-            results = await self._run_until_done(writes)
-            acks = self._apply(plan, results)
-            if acks:
-                await self._run_until_done(calls.ack(st.options, acks))
+            answers = await self._run_until_answered(writes)
+            acks, dead = self._apply(writes, answers, handoffs)
+        if acks or dead:  # dead letters first: an entry is acked only once it is kept
+            await self._run_until_answered_raw(dead + calls.ack(st.options, acks))
         if handoffs:
-            await self._run_until_done(calls.handoff(st.options, handoffs))
+            await self._run_until_answered_raw(calls.handoff(st.options, handoffs))
             logger.info("handed back %d requests", len(handoffs))
 
-    def _delta_calls(self, delta: RequestDelta, plan: list, writes: list, handoffs: list) -> None:
+    def _delta_writes(self, delta: RequestDelta, handoffs: list[Entry]) -> list[_Write]:
         st = self.state
         inf = st.inflight.get(delta.request_id)
         if inf is None:
-            return  # fenced or already finished here
+            return []  # fenced or already finished here
+        out = []
         event = inf.token_event(delta)
         if event is not None:
             first = None
             if event.seq == 0:
                 first = inf.first_token_at = time.time()
-            plan.append(("publish", inf))
-            writes.append(calls.publish(st.options, st.io.publish_command, inf, event, first))
+            out.append(_Write("publish", inf, calls.publish(
+                st.options, st.io.publish_command, inf, event, first)))
         if not delta.finished:
-            return
+            return out
         if inf.handoff:
             st.forget(inf.key)
             handoffs.append(inf.entry)
-            return
-        plan.append(("finish", inf))
-        writes.append(calls.finish(st.options, st.io.publish_command, inf,
-                                   inf.terminal_event(delta, st.options.worker_id)))
+            return out
+        out.append(_Write("finish", inf, calls.finish(
+            st.options, st.io.publish_command, inf, inf.terminal_event(delta, st.options.worker_id))))
+        return out
 
-    def _apply(self, plan: list[tuple[str, Inflight]], results: list) -> list[Entry]:
+    def _apply(self, writes: list[_Write], answers: list,
+               handoffs: list[Entry]) -> tuple[list[Entry], list[tuple]]:
+        """Act on each answer; the entries to acknowledge and the dead letters to add."""
         st = self.state
         acks: list[Entry] = []
-        for (kind, inf), result in zip(plan, results):
-            if isinstance(result, Exception):
-                logger.error("%s for %s failed: %s", kind, inf.key, result)
+        dead: list[tuple] = []
+        for w, answer in zip(writes, answers):
+            if w.kind == "dead":
+                if isinstance(answer, Exception):
+                    logger.error("dead-lettering %s failed: %s", w.inf.key, answer)
                 continue
-            if kind == "publish" and result == 0 or kind == "finish" and result == 0:
-                st.lose(inf.key, f"{kind} fenced")
-            elif kind == "publish" and result == 2:
-                st.cancel(inf.key)
-            elif kind == "finish":
-                st.forget(inf.key)
+            if w.inf.key not in st.inflight:
+                continue  # given up earlier in this batch
+            if isinstance(answer, Exception):  # about this request's own keys
+                why = f"{w.kind} failed: {answer}"
+                logger.error("request %s: %s; dead-lettering it", w.inf.key, why)
+                st.lose(w.inf.key, why)
+                st.metrics.on_dead_letter()  # ops: metrics
+                dead.append(calls.dead_letter(st.options, w.inf.entry, errors.INTERNAL, why))
+                acks.append(w.inf.entry)
+            elif w.kind == "publish" and answer == Published.CANCEL_ASKED:
+                st.cancel(w.inf.key)
+            elif (w.kind, answer) in (("publish", Published.FENCED), ("finish", Finished.FENCED)):
+                st.lose(w.inf.key, f"{w.kind} fenced")
+            elif (w.kind, answer) in (("publish", Published.GAP), ("finish", Finished.GAP)):
+                # An earlier event was never stored: another attempt resumes from what is.
+                st.lose(w.inf.key, "progress out of order")
+                handoffs.append(w.inf.entry)
+            elif w.kind == "finish":
+                st.forget(w.inf.key)
                 st.num_finished += 1
-                acks.append(inf.entry)
-        return acks
+                acks.append(w.inf.entry)
+        return acks, dead
 
-    async def _run_until_done(self, writes: list[tuple]) -> list:
-        """Retry the round-trip through connection loss: progress must not be dropped.
+    async def _run_until_answered(self, writes: list[_Write]) -> list:
+        """Each write's answer. A write refused by the server as a whole (or that found an
+        earlier write of its request still unstored) is retried with backoff, in order;
+        anything else is an answer."""
+        answers: list = [None] * len(writes)
+        pending = list(range(len(writes)))
+        backoff = Backoff()
+        while pending:
+            got = await self._round_trip([writes[i].call for i in pending], backoff)
+            retry: list[int] = []
+            waiting: set[str] = set()  # requests with an earlier write still to retry
+            for i, answer in zip(pending, got):
+                w = writes[i]
+                if _refused(answer) or (_is_gap(w, answer) and w.inf.key in waiting):
+                    retry.append(i)
+                    waiting.add(w.inf.key)
+                else:
+                    answers[i] = answer
+            pending = retry
+            if pending:
+                await backoff.sleep()
+        return answers
 
-        A retried script may append a token event twice; readers skip repeated ``seq``.
-        """
+    async def _run_until_answered_raw(self, batch: list[tuple]) -> list:
+        """The same for plain calls (acks, handoffs, dead letters): retried whole."""
         backoff = Backoff()
         while True:
+            got = await self._round_trip(batch, backoff)
+            if not any(_refused(a) for a in got):
+                return got
+            await backoff.sleep()
+
+    async def _round_trip(self, batch: list[tuple], backoff: Backoff) -> list:
+        while True:
             try:
-                return await self.state.io.run(writes)
-            except TRANSIENT as exc:
-                logger.warning("publishing failed (%s); retrying", exc)
+                answers = await self.state.io.run(batch)
+            except Exception as exc:  # noqa: BLE001 - the connection; never drop progress
+                self.state.on_redis_error(exc, "publishing")
                 await backoff.sleep()
+                continue
+            refused = next((a for a in answers if _refused(a)), None)
+            if refused is not None:
+                self.state.on_redis_error(refused, "publishing")
+            else:
+                self.state.on_redis_write_ok()
+            return answers
+
+
+def _refused(answer) -> bool:
+    return isinstance(answer, Exception) and classify(answer) is not Kind.REQUEST
+
+
+def _is_gap(w: _Write, answer) -> bool:
+    return (w.kind, answer) in (("publish", Published.GAP), ("finish", Finished.GAP))

@@ -6,26 +6,14 @@ import logging
 import random
 
 import redis.asyncio as aioredis
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.exceptions import NoScriptError, OutOfMemoryError, ResponseError
 
 from gpu_worker.edge import scripts
 from shared import keys
 
 logger = logging.getLogger(__name__)
 
-# What a lost or restarting server raises; the worker backs off and retries on these.
-TRANSIENT = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError)
 MIN_VERSION = (6, 2)  # XAUTOCLAIM; 7.0 adds XINFO lag and sharded pub/sub
-
-
-def is_nogroup(exc: BaseException) -> bool:
-    return isinstance(exc, ResponseError) and "NOGROUP" in str(exc)
-
-
-def is_loading(exc: BaseException) -> bool:
-    return isinstance(exc, ResponseError) and "LOADING" in str(exc)
 
 
 class Backoff:
@@ -73,6 +61,10 @@ class RedisIO:
             try:
                 await self.client.xgroup_create(stream, keys.GROUP, id="0", mkstream=True)
                 logger.info("created consumer group %s on %s", keys.GROUP, stream)
+            except OutOfMemoryError:
+                # Refused even when the group exists; if it does not, reading says NOGROUP
+                # and the group is created once the server takes writes again.
+                logger.warning("cannot check the group of %s: Redis is out of memory", stream)
             except ResponseError as exc:
                 if "BUSYGROUP" not in str(exc):
                     raise

@@ -11,11 +11,13 @@ before touching it, because XCLAIM and XACK themselves do not.
 """
 from __future__ import annotations
 
+import enum
 import hashlib
 from dataclasses import dataclass
 
 # KEYS: state, progress, cancel, channel. ARGV: worker_id, entry_ref, ttl_ms, now.
-# -> {'done'} | {'duplicate'} | {'ok', owner, cancelled, first_start, first_token_at, progress...}
+# -> Begun: {'done'} | {'duplicate'} | {'ok', owner, cancelled, first_start, first_token_at,
+#    progress...}
 BEGIN = """
 local status = redis.call('HGET', KEYS[1], 'status')
 if status == 'done' then return {'done'} end
@@ -34,10 +36,20 @@ return reply
 """
 
 # KEYS: state, progress, cancel, channel. ARGV: owner, ttl_ms, publish command, event JSON,
-# first-token time or ''. -> 0 fenced (not the owner) | 1 ok | 2 ok, and cancel was asked.
+# first-token time or '', seq, end (the event's tokens are [seq, end)). The state's
+# ``published`` count makes a retried write idempotent and keeps the channel in order.
+# -> Published: 0 fenced | 1 ok | 2 ok, and cancel was asked | 3 duplicate (already stored)
+# | 4 gap (an earlier event is not stored yet: retry after it).
 PUBLISH = """
 if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then return 0 end
+local published = redis.call('HGET', KEYS[1], 'published')
+if published then
+  published = tonumber(published)
+  if tonumber(ARGV[7]) <= published then return 3 end
+  if tonumber(ARGV[6]) > published then return 4 end
+end
 redis.call('RPUSH', KEYS[2], ARGV[4])
+redis.call('HSET', KEYS[1], 'published', ARGV[7])
 redis.call(ARGV[3], KEYS[4], ARGV[4])
 if ARGV[5] ~= '' then redis.call('HSETNX', KEYS[1], 'first_token_at', ARGV[5]) end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -46,10 +58,13 @@ if redis.call('EXISTS', KEYS[3]) == 1 then return 2 end
 return 1
 """
 
-# KEYS: state, progress, cancel, channel. ARGV: owner, ttl_ms, publish command, terminal JSON.
-# Stores the result durably, then publishes it. -> 0 fenced | 1 stored.
+# KEYS: state, progress, cancel, channel. ARGV: owner, ttl_ms, publish command, terminal JSON,
+# number of output tokens or '' (a failure). Stores the result durably, then publishes it.
+# -> Finished: 0 fenced | 1 stored | 2 gap (a token event is not stored yet: retry after it).
 FINISH = """
 if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then return 0 end
+local published = redis.call('HGET', KEYS[1], 'published')
+if ARGV[5] ~= '' and published and tonumber(published) < tonumber(ARGV[5]) then return 2 end
 redis.call('HSET', KEYS[1], 'status', 'done', 'result', ARGV[4])
 redis.call('HDEL', KEYS[1], 'owner')
 redis.call(ARGV[3], KEYS[4], ARGV[4])
@@ -127,3 +142,51 @@ ALL = {name: Script(name, src) for name, src in
        {"begin": BEGIN, "publish": PUBLISH, "finish": FINISH, "renew": RENEW, "ack": ACK,
         "handoff": HANDOFF}.items()}
 SHAS = {name: s.sha for name, s in ALL.items()}
+
+
+class Published(enum.IntEnum):
+    """PUBLISH's reply."""
+
+    FENCED = 0
+    OK = 1
+    CANCEL_ASKED = 2
+    DUPLICATE = 3
+    GAP = 4
+
+
+class Finished(enum.IntEnum):
+    """FINISH's reply."""
+
+    FENCED = 0
+    STORED = 1
+    GAP = 2
+
+
+def _text(value: bytes | str | None) -> str:
+    return value.decode() if isinstance(value, bytes) else (value or "")
+
+
+@dataclass(frozen=True)
+class Begun:
+    """BEGIN's reply. ``status``: ``ok`` (this worker owns the request now), ``done`` (a
+    result is stored) or ``duplicate`` (another entry owns the request id). For ``ok``:
+    the fencing token, whether a cancel is pending, the first start and first-token times
+    of any earlier attempt, and the stored progress (token event JSON, in order)."""
+
+    status: str
+    owner: str = ""
+    cancelled: bool = False
+    first_start: float = 0.0
+    first_token_at: float | None = None
+    progress: tuple[bytes, ...] = ()
+
+    @classmethod
+    def parse(cls, reply: list) -> "Begun":
+        status = _text(reply[0])
+        if status != "ok":
+            return cls(status)
+        first_token = _text(reply[4])
+        return cls(status, owner=_text(reply[1]), cancelled=_text(reply[2]) == "1",
+                   first_start=float(reply[3]),
+                   first_token_at=float(first_token) if first_token else None,
+                   progress=tuple(reply[5:]))

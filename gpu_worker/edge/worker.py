@@ -17,7 +17,8 @@ from gpu_worker.edge.engine_loop import EngineThread
 from gpu_worker.edge.intake import Intake
 from gpu_worker.edge.options import WorkerOptions
 from gpu_worker.edge.publisher import Publisher
-from gpu_worker.edge.redis_io import TRANSIENT, Backoff, RedisIO, is_loading, is_nogroup
+from gpu_worker.edge.redis_errors import Kind
+from gpu_worker.edge.redis_io import Backoff, RedisIO
 from gpu_worker.edge.state import WorkerState
 from gpu_worker.metrics import WorkerMetrics  # ops: metrics
 from shared import keys
@@ -25,8 +26,11 @@ from shared import keys
 logger = logging.getLogger(__name__)
 
 
+SLOW_RETRY_S = 5.0  # how often a worker retries what an operator must fix (ACL, memory)
+
+
 class EngineFailed(RuntimeError):
-    """The engine thread died; in-flight entries are left pending for other workers."""
+    """The engine thread died: every held request is handed back, with its progress."""
 
 
 class Worker:
@@ -72,7 +76,9 @@ class Worker:
         failed = error is not None
         if failed:
             logger.error("worker failing: %r", error, exc_info=error)
-        if not isinstance(error, EngineFailed):
+        if isinstance(error, EngineFailed):
+            await self._hand_back_all()
+        else:
             await self._drain(intake)
         for task in tasks + [intake, drain]:
             task.cancel()
@@ -81,15 +87,17 @@ class Worker:
         return 1 if failed else 0
 
     async def _connect(self) -> None:
+        """Until Redis answers and the groups exist; never gives up (a crash loop would
+        not fix Redis either), retrying what an operator must fix slowly."""
         backoff = Backoff()
         while True:
             try:
                 await self.state.io.detect()
                 await self.state.io.ensure_groups(list(self.intake.streams))
+                self.state.on_redis_ok()
                 return
-            except TRANSIENT as exc:
-                logger.warning("cannot reach Redis (%s); retrying", exc)
-                await backoff.sleep()
+            except Exception as exc:  # noqa: BLE001 - every Redis error has a behaviour
+                await self._after_redis_error(exc, "connecting", backoff)
 
     async def _intake_loop(self) -> None:
         st, backoff = self.state, Backoff()
@@ -98,6 +106,8 @@ class Worker:
             if st.engine.error is not None:
                 raise EngineFailed(str(st.engine.error))
             room = st.room()
+            if st.redis_problem is Kind.OOM:
+                room = min(room, 1)  # a probe: one entry, handed back if writes still fail
             if room == 0:
                 st.capacity.clear()
                 try:
@@ -115,22 +125,23 @@ class Worker:
                     entries += await self.intake.read(room - len(entries), block=not entries)
                 await self._take(entries[:room], extra=entries[room:])
                 backoff.reset()
-            except TRANSIENT as exc:
-                logger.warning("Redis unavailable (%s); retrying", exc)
-                await backoff.sleep()
-            except Exception as exc:
-                if is_nogroup(exc):
-                    logger.warning("consumer group missing (Redis restarted?); recreating")
-                    await self._recreate_groups(backoff)
-                elif is_loading(exc):
-                    await backoff.sleep()
-                else:
-                    raise
+            except Exception as exc:  # noqa: BLE001 - no Redis error ends the worker
+                await self._after_redis_error(exc, "reading work", backoff)
 
-    async def _recreate_groups(self, backoff: Backoff) -> None:
-        try:
-            await self.state.io.ensure_groups(list(self.intake.streams))
-        except TRANSIENT:
+    async def _after_redis_error(self, exc: BaseException, doing: str, backoff: Backoff) -> None:
+        kind = self.state.on_redis_error(exc, doing)
+        if kind is Kind.MISSING:
+            try:
+                await self.state.io.ensure_groups(list(self.intake.streams))
+            except Exception as again:  # noqa: BLE001
+                self.state.on_redis_error(again, "recreating the consumer groups")
+                await backoff.sleep()
+        elif kind in (Kind.DENIED, Kind.REDIRECT, Kind.OOM):
+            await asyncio.sleep(SLOW_RETRY_S)
+        elif kind is Kind.REQUEST:  # unexpected: logged with its traceback, never fatal
+            logger.error("unexpected error while %s", doing, exc_info=exc)
+            await backoff.sleep()
+        else:
             await backoff.sleep()
 
     async def _take(self, entries, *, extra) -> None:
@@ -138,13 +149,20 @@ class Worker:
         if extra:  # a blocking read across lanes may return one entry per lane
             await st.io.run(calls.handoff(self.options, extra))
         if not entries:
+            st.on_redis_ok()
             return
         accepted = await accept(st.io, self.options, entries, st.metrics)
+        running = accepted.running
         if st.draining:
-            await st.io.run(calls.handoff(self.options, [inf.entry for inf in accepted]))
-            return
-        for inf in accepted:
+            accepted.handback += [inf.entry for inf in running]
+            running = []
+        for inf in running:
             st.adopt(inf)
+        if accepted.handback:
+            await st.io.run(calls.handoff(self.options, accepted.handback))
+        if accepted.error is not None:
+            raise accepted.error
+        st.on_redis_write_ok()
 
     async def _drain(self, intake: asyncio.Task) -> None:
         st = self.state
@@ -166,13 +184,29 @@ class Worker:
                 await asyncio.sleep(0.02)
         await self.publisher.flush()
 
+    async def _hand_back_all(self) -> None:
+        """The engine is broken: publish what it reported, then give every held request
+        back (its progress is stored) so other workers resume it now, not after a claim
+        timeout."""
+        st = self.state
+        st.draining = True
+        try:
+            await asyncio.wait_for(self.publisher.flush(), timeout=self.options.drain_grace_s)
+            held = [inf.entry for inf in st.inflight.values()]
+            if held:
+                await st.io.run(calls.handoff(self.options, held))
+                logger.error("engine failed: handed back %d requests", len(held))
+            st.inflight.clear()
+        except Exception as exc:  # noqa: BLE001 - they will be reclaimed after the idle time
+            logger.error("could not hand back the held requests: %r", exc)
+
     async def _close(self) -> None:
         st = self.state
         st.engine.stop()
         try:
             await maintenance.remove_heartbeat(st)
             await self._delete_consumer_if_idle()
-        except TRANSIENT as exc:
+        except Exception as exc:  # noqa: BLE001 - best effort on the way out
             logger.warning("could not clean up on exit: %s", exc)
         await st.io.close()
         logger.info("worker %s stopped after %d results", self.options.worker_id, st.num_finished)

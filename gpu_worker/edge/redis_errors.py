@@ -1,0 +1,73 @@
+"""Every error Redis can answer, sorted into the few classes the worker acts on.
+
+The worker never ends on a Redis error. What it does per class:
+
+- ``TRANSIENT``: connection lost, timeout, LOADING, TRYAGAIN, BUSY, failover
+  (READONLY, MASTERDOWN, CLUSTERDOWN): back off and retry.
+- ``MISSING``: NOGROUP, or UNBLOCKED (the stream was deleted under a blocked read):
+  recreate the stream's group from id 0 and carry on.
+- ``DENIED``: NOPERM, NOAUTH, WRONGPASS: log once, report not ready, retry slowly (an
+  operator has to fix the ACL; the worker picks up as soon as it works).
+- ``OOM``: the server refuses writes. Stop reading new work, keep finishing (retrying the
+  writes) and acknowledging; reported as a metric and not ready.
+- ``REDIRECT``: MOVED/ASK: the server is a cluster node, which this worker does not
+  speak yet: a clear error, not ready, retry slowly.
+- ``REQUEST``: an error about one call's own keys or values (WRONGTYPE after a client
+  wrote a request's key, a script error): that request alone ends.
+"""
+from __future__ import annotations
+
+import enum
+
+from redis import exceptions as rx
+
+
+class Kind(enum.Enum):
+    TRANSIENT = "transient"
+    MISSING = "missing"
+    DENIED = "denied"
+    OOM = "oom"
+    REDIRECT = "redirect"
+    REQUEST = "request"
+
+
+# Classes redis-py raises for a reply prefix (it strips the prefix from the message).
+_BY_CLASS: tuple[tuple[type, Kind], ...] = (
+    (rx.OutOfMemoryError, Kind.OOM),
+    (rx.NoPermissionError, Kind.DENIED),
+    (rx.AuthenticationError, Kind.DENIED),
+    (rx.AuthorizationError, Kind.DENIED),
+    (rx.MovedError, Kind.REDIRECT),
+    (rx.AskError, Kind.REDIRECT),
+    (rx.BusyLoadingError, Kind.TRANSIENT),
+    (rx.ReadOnlyError, Kind.TRANSIENT),
+    (rx.TryAgainError, Kind.TRANSIENT),
+    (rx.ClusterDownError, Kind.TRANSIENT),
+    (rx.MasterDownError, Kind.TRANSIENT),
+    (rx.ConnectionError, Kind.TRANSIENT),
+    (rx.TimeoutError, Kind.TRANSIENT),
+    (ConnectionError, Kind.TRANSIENT),
+    (OSError, Kind.TRANSIENT),
+    (TimeoutError, Kind.TRANSIENT),
+)
+# Prefixes redis-py leaves in a plain ResponseError's message.
+_BY_PREFIX = (("NOGROUP", Kind.MISSING), ("UNBLOCKED", Kind.MISSING), ("BUSY", Kind.TRANSIENT),
+              ("LOADING", Kind.TRANSIENT), ("OOM", Kind.OOM), ("NOPERM", Kind.DENIED),
+              ("NOAUTH", Kind.DENIED), ("WRONGPASS", Kind.DENIED), ("MOVED", Kind.REDIRECT),
+              ("ASK", Kind.REDIRECT), ("CROSSSLOT", Kind.REDIRECT), ("MASTERDOWN", Kind.TRANSIENT),
+              ("CLUSTERDOWN", Kind.TRANSIENT), ("READONLY", Kind.TRANSIENT),
+              ("TRYAGAIN", Kind.TRANSIENT))
+
+
+def classify(exc: BaseException) -> Kind:
+    """The class of ``exc``; anything unknown is ``REQUEST`` (it ends one call only)."""
+    for cls, kind in _BY_CLASS:
+        if isinstance(exc, cls):
+            return kind
+    if isinstance(exc, rx.ClusterCrossSlotError):
+        return Kind.REDIRECT
+    message = str(exc).lstrip()
+    for prefix, kind in _BY_PREFIX:
+        if message.startswith(prefix):
+            return kind
+    return Kind.REQUEST
