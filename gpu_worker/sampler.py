@@ -48,7 +48,7 @@ class Sampler:
                 banned = list(p.stop_token_ids) + ([] if p.ignore_eos else list(r.eos_token_ids))
                 if banned:
                     logits[i, banned] = float("-inf")
-        temps = torch.tensor([r.params.temperature or 1.0 for r in rows], dtype=logits.dtype)
+        temps = torch.tensor([1.0 if r.params.greedy else r.params.temperature for r in rows], dtype=logits.dtype)
         if bool((temps != 1.0).any()):
             logits.div_(temps[:, None])
         return logits
@@ -112,7 +112,8 @@ def _apply_penalties(logits: torch.Tensor, r: SamplingRow) -> None:  # logits: [
 
 def _filter_top_k_top_p(logits: torch.Tensor, rows: list[SamplingRow]) -> None:  # [n, vocab]
     vocab = logits.shape[-1]
-    top_k = torch.tensor([r.params.top_k if r.params.top_k > 0 else vocab for r in rows])
+    # top_k beyond the vocabulary keeps everything; clamped so any int fits the int64 tensor.
+    top_k = torch.tensor([r.params.top_k if 0 < r.params.top_k < vocab else vocab for r in rows])
     top_p = torch.tensor([r.params.top_p for r in rows], dtype=logits.dtype)
     if bool((top_k >= vocab).all()) and bool((top_p >= 1.0).all()):
         return
@@ -145,7 +146,7 @@ def gather_logprobs(logprobs: torch.Tensor | None, token_ids: list[int],
             continue
         top = ()
         if n > 0:
-            vals, ids = logprobs[i].topk(n)
+            vals, ids = logprobs[i].topk(min(n, logprobs.shape[-1]))
             top = tuple(zip(ids.tolist(), vals.tolist()))
         out.append(TokenLogprob(tok, float(logprobs[i, tok]), top))
     return out

@@ -10,11 +10,14 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
 MAX_STOP_TOKEN_IDS = 64
 MAX_LOGPROBS = 20
+MAX_TEMPERATURE = 100.0
+MAX_REPETITION_PENALTY = 100.0  # and at least its inverse: logits stay finite in float32
+GREEDY_TEMPERATURE = 1e-5  # below this, sampling is argmax
 
 
 @dataclass(frozen=True, kw_only=True)
 class SamplingParams:
-    """How one request samples. ``temperature == 0`` means greedy.
+    """How one request samples. ``temperature == 0`` (or below ``GREEDY_TEMPERATURE``) means greedy.
 
     ``logprobs=None`` returns no logprobs; ``0`` the sampled token's; ``n`` that plus the
     top ``n``. Logprobs are of the model's raw distribution (before temperature and
@@ -45,7 +48,8 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        # A temperature this small would scale float32 logits to inf; its limit is argmax.
+        return self.temperature < GREEDY_TEMPERATURE
 
     @property
     def needs_penalties(self) -> bool:
@@ -53,27 +57,30 @@ class SamplingParams:
                 or self.frequency_penalty != 0.0)
 
     def validate(self, vocab_size: int) -> None:
-        """Raise :class:`InvalidRequestError` if any field is out of range."""
-        _check(isinstance(self.max_tokens, int) and self.max_tokens >= 1,
+        """Raise :class:`InvalidRequestError` unless every field is one the sampler's
+        float32/int64 math takes. ``top_k`` at or beyond the vocabulary means no top-k."""
+        _check(_int(self.max_tokens) and self.max_tokens >= 1,
                "invalid_max_tokens", f"max_tokens must be >= 1, got {self.max_tokens!r}")
-        _check(isinstance(self.min_tokens, int) and 0 <= self.min_tokens <= self.max_tokens,
+        _check(_int(self.min_tokens) and 0 <= self.min_tokens <= self.max_tokens,
                "invalid_min_tokens", f"min_tokens must be in [0, max_tokens], got {self.min_tokens!r}")
-        _check(_finite(self.temperature) and self.temperature >= 0.0,
-               "invalid_temperature", f"temperature must be >= 0, got {self.temperature!r}")
-        _check(isinstance(self.top_k, int) and self.top_k >= 0,
+        _check(_finite(self.temperature) and 0.0 <= self.temperature <= MAX_TEMPERATURE, "invalid_temperature",
+               f"temperature must be in [0, {MAX_TEMPERATURE:g}], got {self.temperature!r}")
+        _check(_int(self.top_k) and self.top_k >= 0,
                "invalid_top_k", f"top_k must be >= 0 (0 disables), got {self.top_k!r}")
         _check(_finite(self.top_p) and 0.0 < self.top_p <= 1.0,
                "invalid_top_p", f"top_p must be in (0, 1], got {self.top_p!r}")
         _check(_finite(self.min_p) and 0.0 <= self.min_p <= 1.0,
                "invalid_min_p", f"min_p must be in [0, 1], got {self.min_p!r}")
-        _check(_finite(self.repetition_penalty) and self.repetition_penalty > 0.0,
+        low, high = 1.0 / MAX_REPETITION_PENALTY, MAX_REPETITION_PENALTY
+        _check(_finite(self.repetition_penalty) and low <= self.repetition_penalty <= high,
                "invalid_repetition_penalty",
-               f"repetition_penalty must be > 0, got {self.repetition_penalty!r}")
+               f"repetition_penalty must be in [{low:g}, {high:g}], got {self.repetition_penalty!r}")
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
             _check(_finite(value) and -2.0 <= value <= 2.0,
                    f"invalid_{name}", f"{name} must be in [-2, 2], got {value!r}")
-        _check(self.seed is None or (isinstance(self.seed, int) and 0 <= self.seed < 2**63),
+        # The sampler seeds a torch.Generator from it: an int64 (row_seed keeps it below 2**63).
+        _check(self.seed is None or (_int(self.seed) and 0 <= self.seed < 2**63),
                "invalid_seed", f"seed must be a non-negative 63-bit integer, got {self.seed!r}")
         _check(len(self.stop) <= MAX_STOP_STRINGS, "too_many_stop_strings",
                f"at most {MAX_STOP_STRINGS} stop strings, got {len(self.stop)}")
@@ -83,11 +90,14 @@ class SamplingParams:
         _check(len(self.stop_token_ids) <= MAX_STOP_TOKEN_IDS, "too_many_stop_token_ids",
                f"at most {MAX_STOP_TOKEN_IDS} stop token ids, got {len(self.stop_token_ids)}")
         for t in self.stop_token_ids:
-            _check(isinstance(t, int) and 0 <= t < vocab_size, "invalid_stop_token_id",
+            _check(_int(t) and 0 <= t < vocab_size, "invalid_stop_token_id",
                    f"stop token id {t!r} is outside the vocabulary [0, {vocab_size})")
-        _check(self.logprobs is None or (isinstance(self.logprobs, int)
-                                         and 0 <= self.logprobs <= MAX_LOGPROBS),
+        _check(self.logprobs is None or (_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS),
                "invalid_logprobs", f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
+
+
+def _int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
 
 
 def _finite(x: object) -> bool:
