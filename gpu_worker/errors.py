@@ -1,9 +1,16 @@
-"""Typed errors raised at the engine's boundary.
+"""Typed errors raised at the engine's boundary, and the codes of requests it fails.
 
 Every error a single request can cause is an :class:`InvalidRequestError` with a stable
-``code``; the engine raises it for that request alone and keeps serving the others.
+``code``; the engine raises it for that request alone and keeps serving the others. A
+request the engine fails while serving it ends with ``finish_reason="error"`` and
+``error_code`` :data:`INTERNAL`; only :class:`EngineBrokenError` means the engine itself
+cannot go on.
 """
 from __future__ import annotations
+
+from shared.errors import INTERNAL
+
+__all__ = ["INTERNAL", "EngineBrokenError", "EngineError", "InvalidRequestError", "ModelLoadError"]
 
 
 class EngineError(Exception):
@@ -21,3 +28,7 @@ class InvalidRequestError(EngineError, ValueError):
 
 class ModelLoadError(EngineError):
     """The model (weights, config or tokenizer) could not be loaded."""
+
+
+class EngineBrokenError(EngineError):
+    """Steps fail whatever the batch holds: the caller must hand every request back."""

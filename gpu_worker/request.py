@@ -37,6 +37,8 @@ class Request:
     status: Status = Status.WAITING
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    error_code: str | None = None       # set with finish_reason "error"
+    error_message: str | None = None
     num_preemptions: int = 0
 
     def __post_init__(self) -> None:

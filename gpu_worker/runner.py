@@ -30,6 +30,11 @@ class RunnerOutput:
     num_drafted: dict[str, int] = field(default_factory=dict)
     num_accepted: dict[str, int] = field(default_factory=dict)
 
+    def update(self, other: RunnerOutput) -> None:
+        """Take in the results of another batch of the same step (other requests)."""
+        for name in ("sampled", "logprobs", "num_drafted", "num_accepted"):
+            getattr(self, name).update(getattr(other, name))
+
 
 @dataclass
 class _Batch:

@@ -46,7 +46,7 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self.waiting: list[Request] = []      # sorted by (priority, arrival)
         self.running: list[Request] = []
-        self.finished: list[Request] = []     # finished outside a step, reported by the next one
+        self.finished: list[Request] = []     # aborted, timed out or failed: apply_step reports them
         self.num_preemptions = 0
 
     # -- queue management -------------------------------------------------------------
@@ -70,6 +70,15 @@ class Scheduler:
         req.spec_token_ids = []
         self.kv.free(req.request_id)
         self.requests.pop(req.request_id, None)
+
+    def fail(self, req: Request, code: str, message: str) -> None:
+        """End a request on an error of its own (blocks freed, even if it had just finished
+        otherwise); the next ``apply_step`` reports it with ``finish_reason="error"``."""
+        self.finish(req, "error")
+        req.finish_reason, req.stop_reason = "error", None
+        req.error_code, req.error_message = code, message
+        self.finished.append(req)
+        logger.warning("request %s failed: %s: %s", req.request_id, code, message)
 
     def abort(self, request_id: str, reason: str) -> bool:
         req = self.requests.get(request_id)

@@ -36,8 +36,10 @@ class Speculator:
     def forget(self, request_id: str) -> None:
         self.depth.forget(request_id)
 
-    def propose(self, running: list[Request], max_model_len: int) -> None:
-        """Set ``spec_token_ids`` on decoding requests (never on ones still prefilling)."""
+    def propose(self, running: list[Request], max_model_len: int) -> list[tuple[Request, Exception]]:
+        """Set ``spec_token_ids`` on decoding requests (never on ones still prefilling).
+        Returns the requests whose own proposal raised, for the caller to fail; a batched
+        model proposal that raises costs this step's drafts only (drafting is optional)."""
         decoding = [r for r in running if r.num_computed_tokens == r.num_tokens - 1 and not r.is_finished]
         items = []
         for req in decoding:
@@ -48,12 +50,22 @@ class Speculator:
             if k > 0:
                 items.append((req, k))
         if not items:
-            return
+            return []
         t0 = time.perf_counter()
+        failed: list[tuple[Request, Exception]] = []
         if self.proposer.uses_model:
-            drafts = self._propose_with_model(items)
+            try:
+                drafts = self._propose_with_model(items)
+            except Exception:
+                logger.exception("draft model failed; this step goes on without drafts")
+                drafts = {}
         else:
-            drafts = {req.request_id: self.proposer.propose_one(req.token_ids, k) for req, k in items}
+            drafts = {}
+            for req, k in items:
+                try:
+                    drafts[req.request_id] = self.proposer.propose_one(req.token_ids, k)
+                except Exception as exc:
+                    failed.append((req, exc))
         for req, _ in items:
             req.spec_token_ids = drafts.get(req.request_id, [])
         total = sum(len(d) for d in drafts.values())
@@ -61,6 +73,7 @@ class Speculator:
             per_token = (time.perf_counter() - t0) / total
             d = self.depth
             d.draft_seconds_per_token = 0.8 * d.draft_seconds_per_token + 0.2 * per_token if d.draft_seconds_per_token else per_token
+        return failed
 
     def _propose_with_model(self, items: list[tuple[Request, int]]) -> dict[str, list[int]]:
         ready = []
