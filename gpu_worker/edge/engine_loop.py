@@ -4,6 +4,11 @@ The asyncio side hands it work through a thread-safe inbox (:meth:`EngineThread.
 :meth:`abort`, :meth:`release_queued`); it drains the inbox before every step, keeps the
 small local queue of requests read from Redis but not yet admitted by free KV blocks, and
 reports every step's deltas plus a snapshot of its load through ``on_output``.
+
+A request that fails alone (its tokenization, its validation, its own part of a step) is
+reported in ``failures`` and the thread goes on. When the engine itself is broken, the
+thread sets :attr:`EngineThread.error`, reports every request it holds in ``released``
+(for a hand-back with their stored progress) and stops.
 """
 from __future__ import annotations
 
@@ -14,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gpu_worker.errors import InvalidRequestError
+from gpu_worker.errors import INTERNAL, InvalidRequestError
 from gpu_worker.outputs import RequestDelta
 from gpu_worker.sampling_params import SamplingParams
 
@@ -39,7 +44,13 @@ class Job:
 
 @dataclass(kw_only=True)
 class StepReport:
-    """What one pass of the engine thread produced, for the IO side."""
+    """What one pass of the engine thread produced, for the IO side.
+
+    ``failures``: requests this thread failed, each once, never also in ``deltas``.
+    ``released``: requests given back unfinished: the local queue on ``release_queued``;
+    everything held (queued, running, finished but unreported) in the last report of a
+    thread whose ``error`` is set.
+    """
 
     deltas: list[RequestDelta] = field(default_factory=list)
     failures: list[tuple[str, str, str]] = field(default_factory=list)  # key, code, message
@@ -93,27 +104,48 @@ class EngineThread:
 
     # -- the thread -----------------------------------------------------------------------
     def _run(self) -> None:
+        report = StepReport()
         try:
             while not self._stop.is_set():
-                self._one_pass()
-        except BaseException as exc:  # the engine is broken: the worker must stop
-            logger.exception("engine thread failed")
+                report = StepReport()
+                self._one_pass(report)
+        except BaseException as exc:  # the engine is broken: the worker must hand back and stop
+            logger.exception("engine thread failed; handing back every request it holds")
             self.error = exc
-            self._on_output(StepReport())
+            report.released.extend(self._held_keys())
+            self._on_output(report)
 
-    def _one_pass(self) -> None:
-        report = StepReport()
+    def _one_pass(self, report: StepReport) -> None:
         busy = self.engine.has_unfinished_requests() or bool(self._queued)
         self._drain_inbox(report, block=not busy)
         self._admit(report)
         if self.engine.has_unfinished_requests():
             t0 = time.perf_counter()
-            report.deltas = self.engine.step()
+            deltas = self.engine.step()
             report.step_time = time.perf_counter() - t0
+            for d in deltas:
+                if d.finish_reason == "error":
+                    report.failures.append((d.request_id, d.error_code or INTERNAL,
+                                            d.error_message or "the engine failed on this request"))
+                else:
+                    report.deltas.append(d)
         report.stats = self.engine.stats()
         report.num_queued = len(self._queued)
         if report.deltas or report.failures or report.admitted or report.released or busy:
             self._on_output(report)
+
+    def _held_keys(self) -> list[str]:
+        """Every request handed to this thread and not yet reported finished."""
+        held = [q.job.key for q in self._queued]
+        self._queued.clear()
+        while True:
+            try:
+                kind, payload = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if kind == "add":
+                held.append(payload.key)
+        return held + self.engine.unfinished_request_ids()
 
     def _drain_inbox(self, report: StepReport, *, block: bool) -> None:
         try:
@@ -136,9 +168,10 @@ class EngineThread:
 
     def _enqueue(self, job: Job, report: StepReport) -> None:
         try:
+            job.params.validate(self.engine.vocab_size)  # before admission does sums with it
             prompt_ids = self._tokenize(job)
-        except InvalidRequestError as exc:
-            report.failures.append((job.key, exc.code, exc.message))
+        except Exception as exc:  # this request's own input: fail it alone
+            report.failures.append((job.key, *_failure(job.key, exc)))
             return
         entry = _Queued(job, prompt_ids)
         pos = len(self._queued)
@@ -179,7 +212,15 @@ class EngineThread:
                                         priority=q.job.priority,
                                         resume_token_ids=q.job.resume_token_ids,
                                         deadline=q.job.deadline)
-            except InvalidRequestError as exc:
-                report.failures.append((q.job.key, exc.code, exc.message))
+            except Exception as exc:  # nothing was queued in the engine: fail this one alone
+                report.failures.append((q.job.key, *_failure(q.job.key, exc)))
                 continue
             report.admitted.append(q.job.key)
+
+
+def _failure(key: str, exc: Exception) -> tuple[str, str]:
+    """(code, message) of a request refused at the engine's door."""
+    if isinstance(exc, InvalidRequestError):
+        return exc.code, exc.message
+    logger.exception("request %s failed before it ran", key)
+    return INTERNAL, f"the engine could not take this request: {exc!r}"
