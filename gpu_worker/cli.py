@@ -21,6 +21,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("bench", "quant"): ("gpu_worker.bench.quant_quality", "INT8/INT4 weight-only quantization vs fp32"),
     ("bench", "linear"): ("gpu_worker.bench.linear", "CPU matmuls: torch vs oneDNN-packed, per model shape"),
     ("bench", "cpu-attention"): ("gpu_worker.bench.cpu_attention", "CPU attention: C kernels vs gather + SDPA"),
+    ("bench", "soak"): ("gpu_worker.bench.soak", "the fleet under kill -9, SIGSTOP and Redis restarts; every token counted"),
 }
 ENGINE_COMMANDS = frozenset(path[0] for path in COMMANDS)
 
