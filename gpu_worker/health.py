@@ -78,8 +78,8 @@ class Health:
             return False, "draining"
         if not self._state.engine.alive:
             return False, "engine thread died"
-        if self._state.redis_problem is not None:
-            return False, f"redis: {self._state.redis_problem.value}"
+        if self._state.redis.problem is not None:
+            return False, f"redis: {self._state.redis.problem.value}"
         return True, "ok"
 
 

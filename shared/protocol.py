@@ -51,7 +51,7 @@ class Request(Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     top_k: Annotated[int, Meta(ge=0, le=L.MAX_TOP_K)] = 0
     top_p: Annotated[float, Meta(gt=0.0, le=1.0)] = 1.0
     min_p: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.0
-    repetition_penalty: Annotated[float, Meta(gt=0.0, le=100.0)] = 1.0
+    repetition_penalty: Annotated[float, Meta(ge=0.01, le=100.0)] = 1.0
     presence_penalty: Annotated[float, Meta(ge=-2.0, le=2.0)] = 0.0
     frequency_penalty: Annotated[float, Meta(ge=-2.0, le=2.0)] = 0.0
     seed: Annotated[int, Meta(ge=0, le=2**63 - 1)] | None = None

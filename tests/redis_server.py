@@ -34,7 +34,9 @@ def _ping(port: int) -> bool:
 class RedisServer:
     """``start()``, ``kill()`` (SIGKILL: state is lost, no persistence), ``restart()``."""
 
-    def __init__(self, port: int | None = None) -> None:
+    def __init__(self, port: int | None = None, *, cluster: bool = False) -> None:
+        self.cluster = cluster
+        self.bus_port = free_port() if cluster else None  # the default (port + 10000) may not exist
         self.binary = os.environ.get("REDIS_SERVER") or shutil.which("redis-server") \
             or "/usr/bin/redis-server"
         self.port = port or free_port()
@@ -49,7 +51,9 @@ class RedisServer:
         self.proc = subprocess.Popen(
             [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "no", "--dir", self.dir, "--protected-mode", "no",
-             "--loglevel", "warning"],
+             "--loglevel", "warning",
+             *(["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                "--cluster-port", str(self.bus_port)] if self.cluster else [])],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 10
         while not _ping(self.port):

@@ -45,7 +45,7 @@ async def lease_loop(state: WorkerState) -> None:
             await renew_leases(state)
             backoff.reset()
         except Exception as exc:  # noqa: BLE001 - the next renewal tries again
-            state.on_redis_error(exc, "renewing leases")
+            state.redis.on_error(exc, "renewing leases")
 
 
 async def heartbeat_once(state: WorkerState) -> None:
@@ -63,8 +63,9 @@ async def heartbeat_loop(state: WorkerState) -> None:
     while True:
         try:
             await heartbeat_once(state)
+            state.redis.on_ok(wrote=True)
         except Exception as exc:  # noqa: BLE001 - the next beat tries again
-            state.on_redis_error(exc, "writing the heartbeat")
+            state.redis.on_error(exc, "writing the heartbeat")
         await asyncio.sleep(state.options.heartbeat_s)
 
 
@@ -97,7 +98,7 @@ async def control_loop(state: WorkerState) -> None:
                 if await state.io.client.exists(keys.cancel_key(notice.tenant, notice.request_id)):
                     state.cancel(engine_key(notice.tenant, notice.request_id))
         except Exception as exc:  # noqa: BLE001 - resubscribe, whatever the cause
-            state.on_redis_error(exc, "listening for cancel notices")
+            state.redis.on_error(exc, "listening for cancel notices")
             await backoff.sleep()
         finally:
             try:

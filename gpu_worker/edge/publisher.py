@@ -189,14 +189,14 @@ class Publisher:
             try:
                 answers = await self.state.io.run(batch)
             except Exception as exc:  # noqa: BLE001 - the connection; never drop progress
-                self.state.on_redis_error(exc, "publishing")
+                self.state.redis.on_error(exc, "publishing")
                 await backoff.sleep()
                 continue
             refused = next((a for a in answers if _refused(a)), None)
             if refused is not None:
-                self.state.on_redis_error(refused, "publishing")
+                self.state.redis.on_error(refused, "publishing")
             else:
-                self.state.on_redis_write_ok()
+                self.state.redis.on_ok(wrote=True)
             return answers
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from gpu_worker.edge.engine_loop import EngineThread, StepReport
 from gpu_worker.edge.inflight import Inflight
 from gpu_worker.edge.options import WorkerOptions
-from gpu_worker.edge.redis_errors import Kind, classify
+from gpu_worker.edge.redis_health import RedisHealth
 from gpu_worker.edge.redis_io import RedisIO
 from gpu_worker.metrics import WorkerMetrics  # ops: metrics
 
@@ -27,8 +27,12 @@ class WorkerState:
     capacity: asyncio.Event = field(default_factory=asyncio.Event)
     draining: bool = False
     num_finished: int = 0
-    redis_problem: Kind | None = None  # the server's last refusal, until it works again
     metrics: WorkerMetrics = field(default_factory=WorkerMetrics)  # ops: metrics
+    redis: RedisHealth = None  # built from ``metrics`` when not given
+
+    def __post_init__(self) -> None:
+        if self.redis is None:
+            self.redis = RedisHealth(self.metrics)
 
     def room(self) -> int:
         """How many more entries may be read now: the local queue's free places.
@@ -64,34 +68,6 @@ class WorkerState:
             self.cancelling.add(key)
             self.engine.abort(key, "cancelled")
 
-    def on_redis_error(self, exc: BaseException, doing: str) -> Kind:
-        """Record a Redis error met while ``doing`` something; logged once per change of
-        kind (a retry loop does not flood the log), at error level for what an operator
-        must fix (permissions, memory, a cluster)."""
-        kind = classify(exc)
-        self.metrics.on_redis_error(kind.value)  # ops: metrics
-        if kind is Kind.REQUEST:
-            logger.error("Redis error while %s: %r", doing, exc)
-            return kind
-        if kind is not self.redis_problem:
-            level = logging.WARNING if kind in (Kind.TRANSIENT, Kind.MISSING) else logging.ERROR
-            logger.log(level, "Redis %s while %s: %s%s", kind.value, doing, exc, _ADVICE.get(kind, ""))
-        self.redis_problem = kind
-        self.metrics.redis_refusing(kind is Kind.OOM)  # ops: metrics
-        return kind
-
-    def on_redis_ok(self) -> None:
-        """A read or a write worked: clear any problem but out-of-memory (reads work then)."""
-        if self.redis_problem is not None and self.redis_problem is not Kind.OOM:
-            logger.info("Redis works again (was: %s)", self.redis_problem.value)
-            self.redis_problem = None
-
-    def on_redis_write_ok(self) -> None:
-        if self.redis_problem is not None:
-            logger.info("Redis takes writes again (was: %s)", self.redis_problem.value)
-            self.redis_problem = None
-            self.metrics.redis_refusing(False)  # ops: metrics
-
     def status(self) -> dict[str, str | int | float]:
         stats = self.last_report.stats
         return {
@@ -105,14 +81,3 @@ class WorkerState:
             "draining": int(self.draining),
         }
 
-
-_ADVICE = {
-    Kind.MISSING: " -- the stream or its consumer group is gone (Redis restarted, or the stream "
-                  "was deleted); recreating the group from id 0",
-    Kind.DENIED: " -- the worker's ACL user lacks a command or key it needs (see "
-                 "ops/redis/users.acl); retrying slowly, not ready meanwhile",
-    Kind.OOM: " -- the server is out of memory (maxmemory); reading no new work, still "
-              "finishing what is held",
-    Kind.REDIRECT: " -- the server is a Redis Cluster node, which this worker does not "
-                   "support yet; point it at a single server. Retrying slowly, not ready",
-}

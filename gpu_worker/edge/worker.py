@@ -94,7 +94,7 @@ class Worker:
             try:
                 await self.state.io.detect()
                 await self.state.io.ensure_groups(list(self.intake.streams))
-                self.state.on_redis_ok()
+                self.state.redis.on_ok(wrote=False)
                 return
             except Exception as exc:  # noqa: BLE001 - every Redis error has a behaviour
                 await self._after_redis_error(exc, "connecting", backoff)
@@ -106,7 +106,7 @@ class Worker:
             if st.engine.error is not None:
                 raise EngineFailed(str(st.engine.error))
             room = st.room()
-            if st.redis_problem is Kind.OOM:
+            if st.redis.problem is Kind.OOM:
                 room = min(room, 1)  # a probe: one entry, handed back if writes still fail
             if room == 0:
                 st.capacity.clear()
@@ -129,12 +129,12 @@ class Worker:
                 await self._after_redis_error(exc, "reading work", backoff)
 
     async def _after_redis_error(self, exc: BaseException, doing: str, backoff: Backoff) -> None:
-        kind = self.state.on_redis_error(exc, doing)
+        kind = self.state.redis.on_error(exc, doing)
         if kind is Kind.MISSING:
             try:
                 await self.state.io.ensure_groups(list(self.intake.streams))
             except Exception as again:  # noqa: BLE001
-                self.state.on_redis_error(again, "recreating the consumer groups")
+                self.state.redis.on_error(again, "recreating the consumer groups")
                 await backoff.sleep()
         elif kind in (Kind.DENIED, Kind.REDIRECT, Kind.OOM):
             await asyncio.sleep(SLOW_RETRY_S)
@@ -149,7 +149,7 @@ class Worker:
         if extra:  # a blocking read across lanes may return one entry per lane
             await st.io.run(calls.handoff(self.options, extra))
         if not entries:
-            st.on_redis_ok()
+            st.redis.on_ok(wrote=False)
             return
         accepted = await accept(st.io, self.options, entries, st.metrics)
         running = accepted.running
@@ -162,7 +162,7 @@ class Worker:
             await st.io.run(calls.handoff(self.options, accepted.handback))
         if accepted.error is not None:
             raise accepted.error
-        st.on_redis_write_ok()
+        st.redis.on_ok(wrote=True)
 
     async def _drain(self, intake: asyncio.Task) -> None:
         st = self.state

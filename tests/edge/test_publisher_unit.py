@@ -112,7 +112,7 @@ def test_refused_writes_are_retried_in_order_until_stored(monkeypatch):
     assert stored == [0, 2, 3]  # each event stored once, in order
     assert [r for c, r in io.log if c[:2] == ("script", "finish")][-1] == Finished.STORED
     assert io.applied("ack") and not st.inflight and st.num_finished == 1
-    assert st.redis_problem is None  # cleared by the writes that went through
+    assert st.redis.problem is None  # cleared by the writes that went through
 
 
 def test_a_lost_connection_is_retried_and_nothing_is_dropped(monkeypatch):
@@ -174,13 +174,13 @@ def test_out_of_memory_is_reported_until_a_write_goes_through(monkeypatch):
     def answer(call, attempt):
         if call[1] == "publish" and attempt == 0:
             return OutOfMemoryError("command not allowed")
-        seen.append(st.redis_problem)
+        seen.append(st.redis.problem)
         return _ok(call, attempt)
 
     io = ScriptedIO(answer)
     st = _state(io)
     _publish(st, _report(_delta([1], 1)))
-    assert seen[0] is Kind.OOM and st.redis_problem is None
+    assert seen[0] is Kind.OOM and st.redis.problem is None
 
 
 async def _no_sleep(self):
