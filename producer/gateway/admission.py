@@ -63,8 +63,12 @@ class Admission:
         pipe.xlen(stream)
         pipe.xpending(stream, keys.GROUP)
         length, pending = await pipe.execute(raise_on_error=False)
-        if isinstance(pending, ResponseError):  # no group yet: nothing was ever delivered
-            return int(length)
+        if isinstance(length, Exception):
+            raise length
+        if isinstance(pending, ResponseError):
+            if not str(pending).startswith("NOGROUP"):
+                raise pending  # NOPERM, OOM, LOADING...: not an empty queue
+            return int(length)  # no group yet: nothing was ever delivered
         return max(int(length) - int(pending["pending"]), 0)
 
     async def check_queue(self, namespace: str) -> None:

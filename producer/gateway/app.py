@@ -5,28 +5,33 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 import msgspec
 import redis.asyncio as aioredis
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.exceptions import NoPermissionError
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from producer.client import AsyncFleetClient
-from producer.gateway import schemas, translate
+from producer.gateway import errors, schemas, translate
 from producer.gateway.admission import Admission
-from producer.gateway.errors import GatewayError, from_validation, invalid
+from producer.gateway.handlers import EXCEPTION_HANDLERS, Guard
 from producer.gateway.options import GatewayOptions
+from producer.gateway.redact import redact
 from producer.gateway.render import Renderer, TokenNames
-from producer.gateway.serve import Call, ClientGone
-from shared import keys
+from producer.gateway.serve import Call
+from shared import codec, keys
+from shared import limits as L
+from shared.protocol import Request
 
 logger = logging.getLogger(__name__)
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+T = TypeVar("T")
 
 
 class Gateway:
@@ -35,7 +40,8 @@ class Gateway:
     def __init__(self, options: GatewayOptions) -> None:
         self.options = options
         self.names = TokenNames(options.tokenizer)
-        self.redis = aioredis.from_url(options.redis_url)
+        self.redis = aioredis.from_url(options.redis_url, socket_timeout=options.redis_timeout_s,
+                                       socket_connect_timeout=options.redis_timeout_s)
         self.admission = Admission(self.redis, options)
         self.clients = {ns: AsyncFleetClient(options.redis_url, model=ns)
                         for ns in set(options.models.values())}
@@ -48,32 +54,75 @@ class Gateway:
             await client.close()
         await self.redis.aclose()
 
+    async def redis_step(self, step: Awaitable[T]) -> T:
+        """``step`` within ``redis_timeout_s``, else 503: redis-py retries a dead or silent
+        server for a minute, and a hanging call would hold its client that long."""
+        try:
+            return await asyncio.wait_for(step, self.options.redis_timeout_s)
+        except asyncio.TimeoutError:
+            logger.warning("redis did not answer within %.1f s", self.options.redis_timeout_s)
+            raise errors.unavailable(self.options.retry_after_s) from None
+
+    async def live_workers(self, namespace: str) -> int | None:
+        """Workers registered for ``namespace``; None where this Redis user may not read the
+        registry (the shipped ``fleet-gateway`` user may not, and needs not: see ``ready``)."""
+        try:
+            return await self.redis_step(self.redis.zcard(keys.workers_key(namespace)))
+        except NoPermissionError:
+            return None
+
     def tenant(self, request: HttpRequest) -> str:
         if not self.options.api_keys:
             return "default"
         scheme, _, key = request.headers.get("authorization", "").partition(" ")
         tenant = self.options.api_keys.get(key.strip()) if scheme.lower() == "bearer" else None
         if tenant is None:
-            raise GatewayError(401, "invalid or missing API key (Authorization: Bearer KEY)",
-                               code="invalid_api_key")
+            raise errors.GatewayError(401, "invalid or missing API key (Authorization: Bearer "
+                                      "KEY)", code="invalid_api_key")
         return tenant
 
     def namespace(self, model: str) -> str:
         if model not in self.options.models:
-            raise GatewayError(404, f"the model {model!r} does not exist; served: "
-                               f"{sorted(self.options.models)}", param="model",
-                               code="model_not_found")
+            raise errors.GatewayError(404, f"the model {model[:64]!r} does not exist; served: "
+                                      f"{sorted(self.options.models)}", param="model",
+                                      code="model_not_found")
         return self.options.models[model]
 
 
 async def _body(request: HttpRequest, limit: int) -> bytes:
-    body = b""
+    """The body, refused (413) as soon as it is known to exceed ``limit``: from its declared
+    length when it has one, else once that much has arrived."""
+    message = (f"the request body is over {limit} bytes, the largest request the fleet "
+               "accepts")
+    declared = request.headers.get("content-length", "")
+    if declared.isascii() and declared.isdigit() and int(declared) > limit:
+        raise errors.too_large(message)
+    body = bytearray()
     async for chunk in request.stream():
         body += chunk
         if len(body) > limit:
-            raise GatewayError(413, f"the request body exceeds {limit} bytes",
-                               code="request_too_large")
-    return body
+            raise errors.too_large(message)
+    return bytes(body)
+
+
+def _fleet_request(client: AsyncFleetClient, fields: dict[str, Any],
+                   request_id: str, tenant: str) -> Request:
+    """The fleet request, checked as the worker will check it, so that nothing is enqueued
+    (and no quota slot taken) that the fleet would refuse unread."""
+    try:
+        keys.request_tag(tenant, request_id)
+    except ValueError:
+        raise errors.invalid("request_id may hold letters, digits and ._:- only (at most "
+                             "128)", param="request_id") from None
+    try:
+        request_obj = client.make_request(request_id=request_id, tenant=tenant, **fields)
+    except msgspec.ValidationError as exc:
+        raise errors.from_validation(exc) from None
+    size = len(codec.encode(request_obj))
+    if size > L.MAX_PAYLOAD_BYTES:
+        raise errors.too_large(f"the request is {size} bytes as a fleet request; the fleet "
+                               f"accepts at most {L.MAX_PAYLOAD_BYTES}")
+    return request_obj
 
 
 async def _complete(request: HttpRequest, chat: bool) -> Response:
@@ -83,24 +132,16 @@ async def _complete(request: HttpRequest, chat: bool) -> Response:
                          schemas.ChatRequest if chat else schemas.CompletionRequest)
     fields = (translate.chat_fields if chat else translate.completion_fields)(req, gw.options)
     namespace = gw.namespace(req.model)
-    request_id = req.request_id or translate.new_id("chatcmpl" if chat else "cmpl")
-    try:
-        keys.request_tag(tenant, request_id)
-    except ValueError:
-        raise invalid("request_id may hold letters, digits and ._:- only (at most 128)",
-                      param="request_id") from None
     client = gw.clients[namespace]
-    try:
-        request_obj = client.make_request(request_id=request_id, tenant=tenant, **fields)
-    except msgspec.ValidationError as exc:
-        raise from_validation(exc) from None
-    await gw.admission.check_queue(namespace)
-    await gw.admission.acquire(tenant, request_id)
+    request_id = req.request_id or translate.new_id("chatcmpl" if chat else "cmpl")
+    request_obj = _fleet_request(client, fields, request_id, tenant)
+    await gw.redis_step(gw.admission.check_queue(namespace))
+    await gw.redis_step(gw.admission.acquire(tenant, request_id))
     include_usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
     renderer = Renderer(chat=chat, response_id=request_id, model=req.model, names=gw.names,
                         logprobs=request_obj.logprobs is not None, include_usage=include_usage)
     try:
-        stream = await client.submit(request_obj)
+        stream = await gw.redis_step(client.submit(request_obj))
     except BaseException:
         await gw.admission.release(tenant, request_id)
         raise
@@ -136,32 +177,16 @@ async def health(request: HttpRequest) -> Response:
 
 
 async def ready(request: HttpRequest) -> Response:
-    """Ready when Redis answers. Workers are reported, not required: the queue holds
-    requests until a worker (perhaps scaled from zero) takes them."""
+    """Ready when Redis answers and the queues can be read -- with exactly the commands
+    enqueueing needs, which the shipped ``fleet-gateway`` ACL user has. Workers are
+    reported where readable, not required: the queue holds requests until a worker
+    (perhaps scaled from zero) takes them. Not ready is a 503 with ``Retry-After``."""
     gw: Gateway = request.app.state.gateway
-    try:
-        await gw.redis.ping()
-        depth = {m: await gw.admission.queue_depth(ns) for m, ns in gw.options.models.items()}
-        workers = {m: await gw.redis.zcard(keys.workers_key(ns))
-                   for m, ns in gw.options.models.items()}
-    except (RedisError, OSError) as exc:
-        return JSONResponse({"status": "unavailable", "reason": str(exc)}, status_code=503)
+    await gw.redis_step(gw.redis.ping())
+    depth = {m: await gw.redis_step(gw.admission.queue_depth(ns))
+             for m, ns in gw.options.models.items()}
+    workers = {m: await gw.live_workers(ns) for m, ns in gw.options.models.items()}
     return JSONResponse({"status": "ready", "queued": depth, "workers": workers})
-
-
-async def _gateway_error(request: HttpRequest, exc: GatewayError) -> Response:
-    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
-
-
-async def _client_gone(request: HttpRequest, exc: ClientGone) -> Response:
-    return Response(status_code=499)  # nobody reads it; the request was cancelled
-
-
-async def _redis_down(request: HttpRequest, exc: Exception) -> Response:
-    logger.warning("redis unavailable: %s", exc)
-    error = GatewayError(503, "the fleet's queue is unavailable; retry later", type="server_error",
-                         code="queue_unavailable", headers={"Retry-After": "1"})
-    return await _gateway_error(request, error)
 
 
 def create_app(options: GatewayOptions) -> Starlette:
@@ -169,7 +194,8 @@ def create_app(options: GatewayOptions) -> Starlette:
     async def lifespan(app: Starlette):
         app.state.gateway = Gateway(options)
         app.state.started = int(time.time())
-        logger.info("gateway serving %s from %s", sorted(options.models), options.redis_url)
+        logger.info("gateway serving %s from %s", sorted(options.models),
+                    redact(options.redis_url))
         yield
         await app.state.gateway.close()
 
@@ -178,6 +204,9 @@ def create_app(options: GatewayOptions) -> Starlette:
               Route("/v1/models", models, methods=["GET"]),
               Route("/health", health, methods=["GET"]),
               Route("/ready", ready, methods=["GET"])]
-    handlers = {GatewayError: _gateway_error, ClientGone: _client_gone,
-                RedisConnectionError: _redis_down, RedisTimeoutError: _redis_down}
-    return Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(Guard)],
+                    exception_handlers=EXCEPTION_HANDLERS)
+    # A near-miss path is a 404 in the OpenAI shape, not an empty 307 to another URL (the
+    # OpenAI API does not redirect either); Starlette offers no constructor flag for it.
+    app.router.redirect_slashes = False
+    return app

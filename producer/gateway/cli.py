@@ -33,6 +33,8 @@ def add_parser(sub, add_common) -> None:
                    help="max_tokens of a chat request that gives none")
     p.add_argument("--request-timeout", type=float, default=600.0,
                    help="seconds until a request's fleet deadline")
+    p.add_argument("--redis-timeout", type=float, default=5.0,
+                   help="seconds one Redis step of a call may take before it answers 503")
     p.add_argument("--lane", choices=("high", "default", "batch"), default="default")
     p.add_argument("--tokenizer", default=None, metavar="DIR",
                    help="directory with tokenizer.json, to name logprob tokens (default: "
@@ -46,7 +48,9 @@ def run(args: argparse.Namespace) -> int:
 
     from producer.gateway.app import create_app
     from producer.gateway.options import options_from_args
+    from producer.gateway.redact import install_log_redaction
 
+    install_log_redaction()  # before uvicorn or redis-py log anything: URLs hold passwords
     logging.getLogger().setLevel(args.log_level.upper())
     app = create_app(options_from_args(args))
     try:

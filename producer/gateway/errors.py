@@ -1,7 +1,9 @@
 """OpenAI-shaped errors: ``{"error": {"message", "type", "param", "code"}}`` with a status.
 
 Every refusal the gateway makes is a :class:`GatewayError`; the app turns it into the JSON
-body (or, once a stream has started, into a final SSE ``error`` event).
+body (or, once a stream has started, into a final SSE ``error`` event). Routing errors,
+Redis failures and unexpected exceptions are mapped to one as well
+(:mod:`producer.gateway.handlers`), so no answer is ever anything but this shape.
 """
 from __future__ import annotations
 
@@ -61,16 +63,47 @@ def from_failure(failure: Failure) -> GatewayError:
     if failure.code in _SERVER_CODES:
         return GatewayError(500, failure.message, type="server_error", code=failure.code)
     if failure.retryable:
-        return GatewayError(503, failure.message, type="server_error", code=failure.code)
+        return _retry_later(failure.message, failure.code, 1)
     code = "context_length_exceeded" if failure.code in _CONTEXT_CODES else failure.code
     return GatewayError(400, failure.message, code=code)
 
 
-def overloaded(message: str, retry_after_s: int) -> GatewayError:
-    return GatewayError(503, message, type="server_error", code="overloaded",
+def _retry_later(message: str, code: str, retry_after_s: int) -> GatewayError:
+    return GatewayError(503, message, type="server_error", code=code,
                         headers={"Retry-After": str(retry_after_s)})
+
+
+def overloaded(message: str, retry_after_s: int) -> GatewayError:
+    return _retry_later(message, "overloaded", retry_after_s)
 
 
 def rate_limited(message: str, retry_after_s: int) -> GatewayError:
     return GatewayError(429, message, type="rate_limit_exceeded", code="rate_limit_exceeded",
                         headers={"Retry-After": str(retry_after_s)})
+
+
+def too_large(message: str) -> GatewayError:
+    return GatewayError(413, message, code="request_too_large")
+
+
+def unavailable(retry_after_s: int) -> GatewayError:
+    """Redis (the fleet's queue) cannot take or answer the call now; a retry may succeed."""
+    return _retry_later("the fleet's queue is unavailable; retry later", "queue_unavailable",
+                        retry_after_s)
+
+
+def internal() -> GatewayError:
+    # Says nothing about the cause: details (and any secret in them) stay in the log.
+    return GatewayError(500, "internal error in the gateway", type="server_error",
+                        code="internal_error")
+
+
+_HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
+
+
+def from_http(status: int, headers: dict[str, str] | None = None) -> GatewayError:
+    """A routing refusal (unknown path, wrong method) in the OpenAI shape."""
+    message = {404: "no such endpoint; the API lives under /v1",
+               405: "method not allowed on this endpoint"}.get(status, f"HTTP error {status}")
+    return GatewayError(status, message, code=_HTTP_CODES.get(status, f"http_{status}"),
+                        headers=headers)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from shared import keys
+from shared import limits as L
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,11 @@ class GatewayOptions:
     request_timeout_s: each request's fleet deadline, from its arrival.
     lane: the priority lane requests are enqueued into.
     tokenizer: directory holding ``tokenizer.json``, to name logprob tokens.
+    max_body_bytes: the largest request body read; more is a 413. The fleet refuses a
+        payload over ``MAX_PAYLOAD_BYTES`` (its stream entries), so a larger body could
+        never be served.
+    redis_timeout_s: how long one Redis step of a call (admission, enqueueing, a readiness
+        check) may take before the call answers 503.
     """
 
     redis_url: str
@@ -48,7 +54,8 @@ class GatewayOptions:
     request_timeout_s: float = 600.0
     lane: str = "default"
     tokenizer: str | None = None
-    max_body_bytes: int = 1024 * 1024
+    max_body_bytes: int = L.MAX_PAYLOAD_BYTES
+    redis_timeout_s: float = 5.0
 
     def __post_init__(self) -> None:
         for namespace in self.models.values():
@@ -96,4 +103,4 @@ def options_from_args(args: argparse.Namespace) -> GatewayOptions:
         default_quota=Quota(args.requests_per_minute, args.max_concurrent),
         max_queue=args.max_queue, retry_after_s=args.retry_after,
         default_max_tokens=args.default_max_tokens, request_timeout_s=args.request_timeout,
-        lane=args.lane, tokenizer=args.tokenizer)
+        lane=args.lane, tokenizer=args.tokenizer, redis_timeout_s=args.redis_timeout)

@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal, Union
 import msgspec
 from msgspec import Meta, Struct
 
-from producer.gateway.errors import from_validation
+from producer.gateway.errors import from_validation, invalid
 from shared import limits as L
 
 Temperature = Annotated[float, Meta(ge=0.0, le=2.0)]
@@ -97,3 +97,5 @@ def decode(body: bytes, cls: type[Struct]) -> Any:
         return _decoders[cls].decode(body)
     except msgspec.MsgspecError as exc:
         raise from_validation(exc) from None
+    except RecursionError:  # free-form fields (``tools``, ``tool_choice``) nested too deep
+        raise invalid("the body is nested too deeply", code="invalid_value") from None

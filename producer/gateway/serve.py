@@ -12,12 +12,14 @@ from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 import msgspec
+from redis.exceptions import RedisError
 from starlette.requests import Request as HttpRequest
 
 from producer.client import AsyncFleetClient
 from producer.errors import RequestFailed
 from producer.gateway.admission import Admission
-from producer.gateway.errors import GatewayError, from_failure
+from producer.gateway.errors import GatewayError, from_failure, unavailable
+from producer.gateway.redact import redact
 from producer.gateway.render import Renderer
 from producer.stream import RequestStream
 from shared.protocol import Token
@@ -141,6 +143,19 @@ class Call:
                 await self.stream.result()
         return it, token
 
+    async def _chunks(self, it: AsyncIterator[Token], first: Token | None,
+                      include_usage: bool) -> AsyncIterator[bytes]:
+        token = first
+        while token is not None:
+            chunk = self.renderer.token_chunk(token)
+            if chunk is not None:
+                yield sse(chunk)
+            token = await _next_token(it)
+        result = await self.stream.result()
+        yield sse(self.renderer.final_chunk(result))
+        if include_usage:
+            yield sse(self.renderer.usage_chunk(result))
+
     async def events(self, it: AsyncIterator[Token], first: Token | None,
                      include_usage: bool) -> AsyncIterator[bytes]:
         """The SSE body. Cancelled by Starlette when the client disconnects."""
@@ -149,22 +164,20 @@ class Call:
             opening = self.renderer.first_chunk()
             if opening is not None:
                 yield sse(opening)
-            token = first
-            while token is not None:
-                chunk = self.renderer.token_chunk(token)
-                if chunk is not None:
-                    yield sse(chunk)
-                token = await _next_token(it)
             try:
-                result = await self.stream.result()
+                async for chunk in self._chunks(it, first, include_usage):
+                    yield chunk
+                done = True
             except RequestFailed as exc:
                 yield sse(from_failure(exc.failure).body())
-            else:
-                yield sse(self.renderer.final_chunk(result))
-                if include_usage:
-                    yield sse(self.renderer.usage_chunk(result))
+                done = True
+            except RedisError as exc:
+                # Headers are sent: the error can only be the stream's last event. Not done:
+                # the request is cancelled in the fleet (if Redis lets us).
+                logger.warning("redis failed mid-stream of %s: %s", self.request_id,
+                               redact(str(exc)))
+                yield sse(unavailable(1).body())
             yield b"data: [DONE]\n\n"
-            done = True
         finally:
             if done:
                 await self.release()

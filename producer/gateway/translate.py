@@ -59,10 +59,12 @@ def completion_fields(req: CompletionRequest, options: GatewayOptions) -> dict[s
 
 
 def _prompt(prompt: str | list) -> dict[str, Any]:
+    # OpenAI's forms: a string, [string], token ids, [token ids]; unwrap one level only, so
+    # a hostile nesting cannot recurse.
+    if len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
     if isinstance(prompt, str):
         return {"prompt": prompt}
-    if len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        return _prompt(prompt[0])
     if prompt and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt):
         return {"prompt_token_ids": prompt}
     if not prompt:
