@@ -1,5 +1,6 @@
 """One fleet for the whole gateway suite: a real redis-server, one real worker on the
-embedded SmolLM2-135M-Instruct, and ``fleet gateway`` itself as a subprocess.
+embedded SmolLM2-135M-Instruct, and ``fleet gateway`` itself as a subprocess. (The fuzz and
+ACL tests run fleets of their own, on the tiny random model.)
 
 The gateway serves ``smol`` (the worker's namespace) and ``idle`` (a namespace no worker
 serves, so its queue only fills). Tenants: ``acme`` (no quota), ``limited`` (2 requests a
@@ -7,20 +8,18 @@ minute), ``single`` (1 request in flight).
 """
 import json
 import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from fleet_harness import WorkerFactory  # noqa: E402
-from redis_server import REPO, RedisServer, free_port, subprocess_env  # noqa: E402
+from fleet_harness import WorkerFactory, tiny_model  # noqa: E402,F401
+from gateway_harness import GatewayProcess, start_gateway  # noqa: E402
+from redis_server import RedisServer, free_port  # noqa: E402
 
 KEYS = {"sk-acme": "acme", "sk-limited": "limited", "sk-single": "single"}
 QUEUE_BOUND = 3
@@ -50,39 +49,24 @@ def fleet_worker(fleet_redis, tmp_path_factory, model_dir):
 
 
 @pytest.fixture(scope="session")
-def gateway_url(fleet_redis, fleet_worker, tmp_path_factory, model_dir):
+def gateway(fleet_redis, fleet_worker, tmp_path_factory, model_dir) -> GatewayProcess:
     tmp = tmp_path_factory.mktemp("gateway")
     keys_file = tmp / "keys.json"
     keys_file.write_text(json.dumps({"keys": KEYS, "quotas": {
         "limited": {"requests_per_minute": 2}, "single": {"max_concurrent": 1}}}))
-    port = free_port()
-    log = tmp / "gateway.log"
-    cmd = [sys.executable, "-m", "producer.cli", "gateway", "--redis-url", fleet_redis.url,
-           "--port", str(port), "--served-model", "smol=default", "--served-model", "idle",
-           "--api-keys", str(keys_file), "--max-queue", str(QUEUE_BOUND), "--retry-after", "7",
-           "--tokenizer", str(model_dir), "--log-level", "warning"]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=subprocess_env(), stdout=log.open("w"),
-                            stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    _wait_http(url + "/health", proc, log)
+    gateway = start_gateway(
+        fleet_redis.url, tmp / "gateway.log", free_port(), "--served-model", "smol=default",
+        "--served-model", "idle", "--api-keys", str(keys_file), "--max-queue", str(QUEUE_BOUND),
+        "--retry-after", "7", "--tokenizer", str(model_dir))
     factory, worker = fleet_worker
     factory.wait_ready(worker)  # the worker loads the model meanwhile
-    yield url
-    proc.terminate()
-    proc.wait(15)
+    yield gateway
+    gateway.stop()
 
 
-def _wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"gateway did not start:\n{log.read_text()}")
-        time.sleep(0.1)
+@pytest.fixture(scope="session")
+def gateway_url(gateway) -> str:
+    return gateway.url
 
 
 @pytest.fixture(scope="session")

@@ -69,3 +69,14 @@ def test_oversized_prompts(gateway_url, openai_client):
                                              stream=stream)
         assert exc.value.body["code"] == "context_length_exceeded"
         assert exc.value.status_code == 400
+
+
+@pytest.mark.parametrize("method, path, status", [
+    ("GET", "/nope", 404), ("POST", "/v1/embeddings", 404), ("GET", "/v1/chat/completions", 405),
+    ("DELETE", "/v1/models", 405), ("PUT", "/health", 405)])
+def test_unknown_paths_and_methods_are_json(gateway_url, method, path, status):
+    reply = httpx.request(method, gateway_url + path, headers={"Authorization": "Bearer sk-acme"})
+    error = _error(reply, status)
+    assert error["code"] == {404: "not_found", 405: "method_not_allowed"}[status]
+    if status == 405:
+        assert reply.headers["Allow"]

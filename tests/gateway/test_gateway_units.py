@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 
 from producer.gateway import schemas, translate
 from producer.gateway.errors import GatewayError
 from producer.gateway.options import GatewayOptions, Quota, load_keys, parse_served_models
+from producer.gateway.redact import install_log_redaction, redact
 from producer.gateway.render import Renderer, TokenNames
 from shared.protocol import Result, Timings, Usage
 
@@ -70,3 +72,33 @@ def test_finish_reasons_and_usage(fleet_reason, openai_reason):
     assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4,
                              "prompt_tokens_details": {"cached_tokens": 2}}
     assert TokenNames()(42) == "token_id:42"
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("from redis://fleet-gateway:s3cret@redis:6379/0", "from redis://fleet-gateway:***@redis:6379/0"),
+    ("rediss://:p%40ss@h/0?ssl_ca_certs=/x", "rediss://:***@h/0?ssl_ca_certs=/x"),
+    ("redis://h:6379/0 and http://127.0.0.1:8000/v1", "redis://h:6379/0 and http://127.0.0.1:8000/v1"),
+    ("redis://h/0?password=s3cret&db=1", "redis://h/0?password=***&db=1"),
+])
+def test_redact_urls(text, expected):
+    assert redact(text) == expected
+
+
+def test_log_records_are_redacted_whoever_logs(caplog):
+    previous = logging.getLogRecordFactory()
+    install_log_redaction()
+    install_log_redaction()  # idempotent
+    try:
+        log = logging.getLogger("some.library")
+        with caplog.at_level(logging.INFO):
+            log.info("%s - %s %d", "redis://u:s3cret@h/0", ValueError("redis://u:s3cret@h"), 7)
+            try:
+                raise RuntimeError("at redis://u:s3cret@h/0")
+            except RuntimeError:
+                log.exception("failed")
+        record = caplog.records[0]
+        assert record.args == ("redis://u:***@h/0", "redis://u:***@h", 7)  # shape kept
+        assert "s3cret" not in caplog.text
+        assert "RuntimeError: at redis://u:***@h/0" in caplog.text  # the traceback too
+    finally:
+        logging.setLogRecordFactory(previous)
