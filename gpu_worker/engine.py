@@ -10,16 +10,17 @@ import torch
 from gpu_worker.config import EngineConfig
 from gpu_worker.cpu_tuning import tune_allocator
 from gpu_worker.detokenizer import IncrementalDetokenizer
-from gpu_worker.errors import INTERNAL, EngineBrokenError, InvalidRequestError
+from gpu_worker.errors import INTERNAL, InvalidRequestError
 from gpu_worker.kv_cache import KVCacheManager
 from gpu_worker.model.build import build_model, kv_budget_bytes, kv_bytes_per_token, torch_dtype
 from gpu_worker.model.loader import load_model_config, resolve_model_dir
 from gpu_worker.outputs import RequestDelta
 from gpu_worker.postprocess import apply_step
+from gpu_worker.recovery import rerun_in_halves
 from gpu_worker.request import Request
-from gpu_worker.runner import ModelRunner, RunnerOutput
+from gpu_worker.runner import ModelRunner
 from gpu_worker.sampling_params import SamplingParams
-from gpu_worker.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
+from gpu_worker.scheduler import Scheduler
 from gpu_worker.spec.build import build_speculator
 from gpu_worker.tokenizer import Tokenizer
 
@@ -29,7 +30,6 @@ __all__ = ["EngineCore", "EngineConfig"]
 
 # Different requests failing alone one after another, with no step running in between,
 # say the engine is broken, not the requests.
-_BROKEN_AFTER_FAILED_ALONE = 2
 
 
 class EngineCore:
@@ -71,7 +71,7 @@ class EngineCore:
         self.speculator = build_speculator(config, self.model, self.runner, self.kv, num_blocks, self.tokenizer,
                                            self.model_dir)
         self.num_steps = 0
-        self._num_failed_alone = 0  # consecutive requests failed alone, no step ran since
+        self.num_failed_alone = 0  # consecutive requests failed alone, no step ran since
         logger.info("engine ready in %.1fs: %s, %d layers, %d KV blocks of %d tokens (%.0f MiB), %s %s%s",
                     time.perf_counter() - t0, self.model_dir.name, cfg.num_layers, num_blocks,
                     config.block_size, num_blocks * per_block / 2**20, self.device, config.dtype,
@@ -127,43 +127,15 @@ class EngineCore:
         t0 = time.perf_counter()
         try:
             run_out = self.runner.execute(sched_out)
-            self._num_failed_alone = 0
+            self.num_failed_alone = 0
         except Exception as exc:  # the batch failed as a whole: find out whose fault it is
-            run_out = self._bisect(sched_out.scheduled, exc)
+            run_out = rerun_in_halves(self, sched_out.scheduled, exc)
         elapsed = time.perf_counter() - t0
         self.num_steps += 1
         deltas = apply_step(self.scheduler, sched_out, run_out)
         if self.speculator is not None:
             self._speculate(sched_out.num_batched_tokens, elapsed, run_out, deltas)
         return deltas
-
-    def _bisect(self, scheduled: list[ScheduledRequest], exc: Exception) -> RunnerOutput:
-        """Run a failed batch again in halves until each failure is pinned on one request,
-        and fail only those. Nothing was applied yet, so a retry computes the same tokens
-        into the same slots. Broken when nothing runs and several requests in a row failed
-        alone: one bad request cannot make a different one fail alone."""
-        logger.warning("a step of %d requests failed (%r); retrying it in halves", len(scheduled), exc)
-        merged, culprits, ran = RunnerOutput(), [], False
-        failing = [(scheduled, exc)]
-        while failing:
-            group, error = failing.pop()
-            if len(group) == 1:
-                culprits.append((group[0].request, error))
-                self._num_failed_alone += 1
-                continue
-            half = len(group) // 2
-            for part in (group[:half], group[half:]):
-                try:
-                    merged.update(self.runner.execute(SchedulerOutput(part, sum(s.num_new_tokens for s in part))))
-                    ran, self._num_failed_alone = True, 0
-                except Exception as part_exc:
-                    failing.append((part, part_exc))
-        if not ran and self._num_failed_alone >= _BROKEN_AFTER_FAILED_ALONE:
-            raise EngineBrokenError(f"{self._num_failed_alone} requests in a row failed alone, "
-                                    f"the last with {culprits[-1][1]!r}") from exc
-        for req, error in culprits:
-            self.scheduler.fail(req, INTERNAL, f"the model step failed on this request: {error!r}")
-        return merged
 
     def _speculate(self, num_tokens: int, elapsed: float, run_out, deltas: list[RequestDelta]) -> None:
         spec = self.speculator

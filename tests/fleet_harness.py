@@ -36,7 +36,8 @@ class WorkerFactory:
         self.server, self.model, self.tmp = server, model, tmp
         self.procs: list[WorkerProcess] = []
 
-    def start(self, *, wait: bool = True, model: str | None = "tiny", **options) -> WorkerProcess:
+    def start(self, *, wait: bool = True, model: str | None = "tiny", env: dict | None = None,
+              **options) -> WorkerProcess:
         worker_id = options.pop("worker_id", f"w{len(self.procs)}")
         args = {"kv_cache_memory": "8MiB", "claim_idle_ms": 1500, "heartbeat_s": 0.3,
                 "drain_grace_s": 5, "block_ms": 200, **options}
@@ -47,7 +48,8 @@ class WorkerFactory:
         for name, value in args.items():
             cmd += [f"--{name.replace('_', '-')}", str(value)]
         log = self.tmp / f"{worker_id}.log"
-        proc = subprocess.Popen(cmd, cwd=REPO, env=subprocess_env(), stdout=log.open("w"),
+        proc = subprocess.Popen(cmd, cwd=REPO, env={**subprocess_env(), **(env or {})},
+                                stdout=log.open("w"),
                                 stderr=subprocess.STDOUT)
         worker = WorkerProcess(proc, worker_id, log)
         self.procs.append(worker)

@@ -136,14 +136,31 @@ def test_forward_always_failing_is_engine_broken(llm):
     assert sorted(eng.unfinished_request_ids()) == sorted(PROMPTS)   # all held, none failed
 
 
-def test_requests_failing_alone_in_a_row_mean_broken(llm):
+def test_a_lone_request_that_breaks_the_model_fails_alone(llm):
     eng = llm.engine
-    poison_forward(eng, lambda ids: True)
-    eng.add_request("first", [5, 6, 7], SamplingParams(max_tokens=4, **GREEDY))
-    (delta,) = eng.step()                      # alone, it may be the request's own fault
+    poison_forward(eng, lambda ids: "bad" in ids)
+    eng.add_request("bad", [5, 6, 7], SamplingParams(max_tokens=4, **GREEDY))
+    (delta,) = eng.step()                      # the probe runs: it is the request's fault
     assert delta.finish_reason == "error" and not eng.has_unfinished_requests()
+
+
+def test_a_lone_request_on_a_broken_model_is_held_not_failed(llm):
+    eng = llm.engine
+    poison_forward(eng, lambda ids: True)      # the probe fails too: the engine is broken
+    eng.add_request("first", [5, 6, 7], SamplingParams(max_tokens=4, **GREEDY))
+    with pytest.raises(EngineBrokenError, match="probe"):
+        eng.step()
+    assert eng.unfinished_request_ids() == ["first"]
+
+
+def test_different_requests_failing_alone_in_a_row_mean_broken(llm):
+    eng = llm.engine
+    poison_forward(eng, lambda ids: "\x00probe" not in ids)   # only the probe still runs
+    eng.add_request("first", [5, 6, 7], SamplingParams(max_tokens=4, **GREEDY))
+    (delta,) = eng.step()
+    assert delta.finish_reason == "error"
     eng.add_request("second", [8, 9], SamplingParams(max_tokens=4, **GREEDY))
-    with pytest.raises(EngineBrokenError):     # a different one failing alone: the engine
+    with pytest.raises(EngineBrokenError, match="in a row"):
         eng.step()
     assert eng.unfinished_request_ids() == ["second"]
 
