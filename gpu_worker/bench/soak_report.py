@@ -38,7 +38,7 @@ def _first_divergence(got: list[int], want: list[int]) -> int:
 def valid_figures(traffic: Traffic, listener: ChannelListener,
                   reference: list[list[int]]) -> dict:
     client, channel = Tally(), Tally()
-    answered = matching = excused = terminal_missing = terminal_repeated = 0
+    answered = matching = excused = lost_in_outage = terminal_missing = terminal_repeated = 0
     failed: Counter[str] = Counter()
     mismatches: list[dict] = []
     unanswered: list[dict] = []
@@ -65,6 +65,7 @@ def valid_figures(traffic: Traffic, listener: ChannelListener,
         on_channel = tally(events, res.token_ids if res is not None else want)
         if listener.overlaps_outage(rec.sent_at, rec.done_at or time.time()):
             excused += 1
+            lost_in_outage += on_channel.lost
             on_channel.lost = 0
         elif not seen or not seen.terminals:
             terminal_missing += 1
@@ -77,6 +78,7 @@ def valid_figures(traffic: Traffic, listener: ChannelListener,
             "tokens_delivered": sum(len(r.result.token_ids) for r in traffic.valid if r.result),
             "client": asdict(client),
             "channel": {**asdict(channel), "requests_in_listener_outage": excused,
+                        "lost_in_listener_outage": lost_in_outage,
                         "terminal_missing": terminal_missing,
                         "terminal_repeated": terminal_repeated,
                         "undecodable_events": listener.undecodable}}
