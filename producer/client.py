@@ -18,9 +18,10 @@ import msgspec
 import redis.asyncio as aioredis
 import redis.exceptions
 
+from producer.errors import PayloadTooLarge
 from producer.stream import RequestStream
 from producer.subscriptions import Subscriptions
-from shared import codec, keys
+from shared import codec, keys, limits
 from shared.protocol import Cancel, Failure, Request, Result, Token
 
 logger = logging.getLogger(__name__)
@@ -78,11 +79,18 @@ class AsyncFleetClient:
         stored result is returned), and a duplicate entry is never generated twice.
         """
         request = self.make_request(request, **fields)
+        payload = codec.encode(request)
+        if len(payload) > limits.MAX_PAYLOAD_BYTES:  # the fleet would refuse it: say so now
+            raise PayloadTooLarge(len(payload))
         stream = await self.watch(request.request_id, request.tenant)
         if stream.done:
             return stream
-        await self.redis.xadd(keys.stream_key(self.model, request.priority),
-                              {keys.STREAM_FIELD: codec.encode(request)})
+        try:
+            await self.redis.xadd(keys.stream_key(self.model, request.priority),
+                                  {keys.STREAM_FIELD: payload})
+        except BaseException:  # not enqueued (OOM, NOPERM, lost): no subscription left behind
+            await stream.close()
+            raise
         return stream
 
     async def watch(self, request_id: str, tenant: str | None = None) -> RequestStream:

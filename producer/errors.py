@@ -15,3 +15,14 @@ class RequestFailed(FleetError):
         super().__init__(f"{failure.code}: {failure.message}")
         self.failure = failure
         self.code = failure.code
+
+
+class PayloadTooLarge(FleetError, ValueError):
+    """The encoded request is over the fleet's payload limit; nothing was enqueued."""
+
+    def __init__(self, num_bytes: int) -> None:
+        from shared import limits
+
+        super().__init__(f"the encoded request is {num_bytes} bytes; the fleet takes at most "
+                         f"{limits.MAX_PAYLOAD_BYTES}")
+        self.num_bytes = num_bytes

@@ -64,6 +64,10 @@ class RequestStream:
         assert isinstance(self._terminal, Result)
         return self._terminal
 
+    async def close(self) -> None:
+        """Stop listening (the request itself goes on); for a stream no one will read."""
+        await self._on_close(self)
+
     @property
     def done(self) -> bool:
         """True once the terminal event is known (tokens may still be left to iterate)."""

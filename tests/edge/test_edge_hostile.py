@@ -104,3 +104,17 @@ def test_entries_without_data_or_with_odd_fields_are_dead_lettered(workers, redi
         assert fleet.generate(timeout=30, **GREEDY).token_ids
     _all_acked(r)
     assert r.xlen(keys.dead_letter_key("default")) == 5
+
+
+def test_the_client_refuses_what_the_fleet_would_and_leaves_no_subscription(redis_server, r):
+    from producer import PayloadTooLarge
+
+    with FleetClient(redis_server.url) as fleet:
+        with pytest.raises(PayloadTooLarge):
+            fleet.submit(prompt="\u20ac" * 190_000)  # within the character limit, 570 KB encoded
+        r.config_set("maxmemory", "1")  # the XADD is refused: the client must not stay subscribed
+        with pytest.raises(Exception, match="OOM|maxmemory|memory"):
+            fleet.submit(prompt="hi", request_id="refused")
+        r.config_set("maxmemory", "0")
+        assert r.pubsub_numsub(keys.channel("default", "refused"))[0][1] == 0
+    assert r.xlen(STREAM) == 0
