@@ -107,6 +107,11 @@ def test_redis_conf_never_evicts_and_persists_every_second(tmp_path):
         assert config == {"maxmemory-policy": "noeviction", "appendonly": "yes",
                           "appendfsync": "everysec", "port": "0", "aclfile": str(acl)}
         assert admin.acl_whoami() == "fleet-admin"
+        # One hostile XADD cannot carry more than 8 MiB in a field (workers read every entry).
+        with pytest.raises(redis.RedisError) as refused:
+            admin.xadd(STREAM, {keys.STREAM_FIELD: b"x" * (9 << 20)})
+        assert not isinstance(refused.value, NoPermissionError)
+        assert admin.xlen(STREAM) == 0
         with pytest.raises(redis.AuthenticationError):
             redis.Redis.from_url(server.url_for("fleet-admin").replace(
                 server.passwords["fleet-admin"], "wrong")).ping()
