@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -12,7 +13,33 @@ import pytest
 import redis
 from redis_server import REPO, RedisServer, subprocess_env
 
-from shared import keys
+from shared import codec, keys
+
+
+class ChannelListener:
+    """Every event published on the channels given (or matching ``pattern``), as received
+    (no dedup), recorded by ``on_event`` in a thread of its own."""
+
+    def __init__(self, url: str, *, channels: tuple[str, ...] = (), pattern: str | None = None) -> None:
+        self.client = redis.Redis.from_url(url)
+        self.pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+        if channels:
+            self.pubsub.subscribe(*channels)
+        if pattern:
+            self.pubsub.psubscribe(pattern)
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                message = self.pubsub.get_message(timeout=0.2)
+            except (redis.ConnectionError, ValueError):
+                return
+            if message is not None:
+                self.on_event(message["channel"].decode(), codec.decode_event(message["data"]))
+
+    def on_event(self, channel: str, event) -> None:
+        raise NotImplementedError
 
 
 class WorkerProcess:

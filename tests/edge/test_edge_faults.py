@@ -2,39 +2,28 @@
 from __future__ import annotations
 
 import signal
-import threading
 import time
 
-import redis
+from fleet_harness import ChannelListener
 from redis_server import wait_until
 
 from producer import FleetClient, RequestFailed
-from shared import codec, keys
+from shared import keys
 from shared.protocol import Token
 
 PROMPT = [1, 504, 3058, 314, 4649, 30, 9876, 42]
 LONG = dict(prompt_token_ids=PROMPT, temperature=0.0, ignore_eos=True)
 
 
-class RawListener:
+class RawListener(ChannelListener):
     """Every message published on one request's channel, as received (no dedup)."""
 
     def __init__(self, url: str, request_id: str) -> None:
-        self.client = redis.Redis.from_url(url)
-        self.pubsub = self.client.pubsub(ignore_subscribe_messages=True)
-        self.pubsub.subscribe(keys.channel("default", request_id))
         self.events: list = []
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
+        super().__init__(url, channels=(keys.channel("default", request_id),))
 
-    def _run(self) -> None:
-        while True:
-            try:
-                message = self.pubsub.get_message(timeout=0.2)
-            except (redis.ConnectionError, ValueError):
-                return
-            if message is not None:
-                self.events.append(codec.decode_event(message["data"]))
+    def on_event(self, channel: str, event) -> None:
+        self.events.append(event)
 
     def assert_tiles(self, num_tokens: int) -> list[int]:
         """Published token events cover [0, num_tokens) with no repeat, gap or reordering."""

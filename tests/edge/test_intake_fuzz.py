@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import itertools
 import json
-import threading
 
 import pytest
 import redis
-from fleet_harness import WorkerFactory
+from fleet_harness import ChannelListener, WorkerFactory
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from redis_server import RedisServer, wait_until
@@ -82,25 +81,16 @@ def _entry(kind: str, param, request_id: str, tenant: str) -> tuple[dict, str | 
     return {"other": param}, None  # no_data
 
 
-class Channels:
-    """Every event published on any request channel, by (tenant, request id)."""
+class Channels(ChannelListener):
+    """Every event published on any request channel, by tenant/request id."""
 
     def __init__(self, url: str) -> None:
-        self.client = redis.Redis.from_url(url)
-        self.pubsub = self.client.pubsub(ignore_subscribe_messages=True)
-        self.pubsub.psubscribe("fleet:req:*:events")
         self.events: dict[str, list] = {}
-        threading.Thread(target=self._run, daemon=True).start()
+        super().__init__(url, pattern="fleet:req:*:events")
 
-    def _run(self) -> None:
-        while True:
-            try:
-                message = self.pubsub.get_message(timeout=0.2)
-            except (redis.ConnectionError, ValueError):
-                return
-            if message is not None:
-                tag = message["channel"].decode().split("{")[1].split("}")[0]
-                self.events.setdefault(tag, []).append(codec.decode_event(message["data"]))
+    def on_event(self, channel: str, event) -> None:
+        tag = channel.split("{")[1].split("}")[0]
+        self.events.setdefault(tag, []).append(event)
 
     def terminals(self, tenant: str, request_id: str) -> list:
         return [e for e in self.events.get(f"{tenant}/{request_id}", []) if not isinstance(e, Token)]
