@@ -2,7 +2,8 @@
 apart from worker exits nobody caused.
 
 Kinds: ``kill_worker`` (``kill -9`` a ready worker, start a fresh one in its slot),
-``stop_worker`` (SIGSTOP for a few seconds, longer than the claim idle time, then SIGCONT)
+``stop_worker`` (SIGSTOP for 1-5 s, so sometimes shorter than the workers' claim idle time
+and sometimes long enough for a takeover, then SIGCONT)
 and ``restart_redis`` (``kill -9`` the server, start it again on the same AOF and port).
 After each fault a short probe request times the fleet's recovery.
 """
@@ -47,7 +48,7 @@ class FaultRecord:
 
 class FaultInjector:
     def __init__(self, pool: WorkerPool, redis_proc: RedisProcess, gate: Gate, traffic: Traffic,
-                 *, seed: int, stop_s: tuple[float, float] = (2.0, 5.0),
+                 *, seed: int, stop_s: tuple[float, float] = (1.0, 5.0),
                  redis_down_s: tuple[float, float] = (0.2, 1.5)) -> None:
         self.pool, self.redis, self.gate, self.traffic = pool, redis_proc, gate, traffic
         self.rng = random.Random(seed + 1)
