@@ -35,8 +35,10 @@ class Subscriptions:
             queue = self._queues.setdefault(channel, asyncio.Queue())
             confirmed = asyncio.get_running_loop().create_future()
             self._confirm[channel] = confirmed
-            await self._ensure_reader()
-            await self._send("subscribe", channel)
+            if self._pubsub is None:
+                self._pubsub = self._client.pubsub()
+            await self._send("subscribe", channel)  # connects the pub/sub before it is read
+            self._ensure_reader()
         await asyncio.wait_for(confirmed, timeout=10)
         return queue
 
@@ -63,18 +65,22 @@ class Subscriptions:
                   ("unsubscribe", True): self._pubsub.sunsubscribe}[(kind, self._sharded)]
         await method(*channels)
 
-    async def _ensure_reader(self) -> None:
-        if self._pubsub is None:
-            self._pubsub = self._client.pubsub()
+    def _ensure_reader(self) -> None:
         if self._reader is None or self._reader.done():
             self._reader = asyncio.create_task(self._read())
 
     async def _read(self) -> None:
+        """Deliver messages until cancelled; never dies of an error (it resubscribes)."""
         while True:
+            if self._pubsub.connection is None:  # nothing subscribed since a reconnect
+                await asyncio.sleep(0.05)
+                continue
             try:
                 message = await self._pubsub.get_message(timeout=1.0)
-            except _TRANSIENT as exc:
-                logger.warning("pub/sub connection lost (%s); resubscribing", exc)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - lost connection, or a protocol surprise
+                logger.warning("pub/sub connection lost (%r); resubscribing", exc)
                 await self._resubscribe()
                 continue
             if message is None:
