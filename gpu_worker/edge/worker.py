@@ -148,6 +148,7 @@ class Worker:
         st = self.state
         if extra:  # a blocking read across lanes may return one entry per lane
             await st.io.run(calls.handoff(self.options, extra))
+        entries = self._not_held(entries)
         if not entries:
             st.redis.on_ok(wrote=False)
             return
@@ -163,6 +164,18 @@ class Worker:
         if accepted.error is not None:
             raise accepted.error
         st.redis.on_ok(wrote=True)
+
+    def _not_held(self, entries: list) -> list:
+        """Each entry once, and none this worker already runs: a worker paused in a blocking
+        read can be delivered an entry and, once resumed, also reclaim it (idle meanwhile);
+        beginning it twice would fence itself out of its own request."""
+        seen = {(inf.entry.stream, inf.entry.entry_id) for inf in self.state.inflight.values()}
+        fresh = []
+        for e in entries:
+            if (e.stream, e.entry_id) not in seen:
+                seen.add((e.stream, e.entry_id))
+                fresh.append(e)
+        return fresh
 
     async def _drain(self, intake: asyncio.Task) -> None:
         st = self.state

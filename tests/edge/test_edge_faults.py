@@ -159,3 +159,31 @@ def test_redis_restart_without_persistence(workers, redis_server, r):
         result = fleet.generate(max_tokens=6, timeout=60, **LONG)
     assert result.finish_reason == "length" and len(result.token_ids) == 6
     assert "recreating" in worker.output()
+
+
+def test_an_entry_delivered_to_a_paused_worker_is_begun_once(workers, redis_server, r):
+    """Found by the soak: paused inside a blocking XREADGROUP, a worker is delivered an
+    entry; resumed, it also reclaims it (idle past claim_idle_ms). Before: it began the
+    request twice, failed it as duplicate_request_id or fenced itself out of it."""
+    worker = workers.start()
+    stream_key = keys.stream_key("default", "default")
+    time.sleep(1.0)  # idle: the worker sits in XREADGROUP BLOCK most of the time
+    with FleetClient(redis_server.url) as fleet:
+        for attempt in range(30):
+            worker.signal(signal.SIGSTOP)
+            victim = fleet.submit(request_id=f"a{attempt}", max_tokens=50, **LONG)
+            time.sleep(0.4)
+            if r.xpending(stream_key, keys.GROUP)["pending"]:
+                break  # delivered to the stopped worker
+            worker.signal(signal.SIGCONT)
+            victim.result(timeout=30)
+        else:
+            raise AssertionError("never caught the worker inside its blocking read")
+        time.sleep(2.0)  # past claim_idle_ms: the entry is reclaimable when it wakes
+        worker.signal(signal.SIGCONT)
+        assert len(victim.result(timeout=30).token_ids) == 50
+        more = [fleet.submit(max_tokens=30, **LONG) for _ in range(3)]
+        assert all(len(s.result(timeout=30).token_ids) == 30 for s in more)
+    assert "duplicate_request_id" not in worker.output() and "lost request" not in worker.output()
+    wait_until(lambda: r.xpending(stream_key, keys.GROUP)["pending"] == 0, timeout=10,
+               what="every entry acknowledged")
