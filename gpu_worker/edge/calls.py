@@ -5,6 +5,7 @@ from collections import defaultdict
 
 from gpu_worker.edge.inflight import Entry, Inflight
 from gpu_worker.edge.options import WorkerOptions
+from gpu_worker.edge.scripts import RequestKeys
 from shared import codec, keys
 from shared.protocol import Failure, Result, Token
 
@@ -13,14 +14,14 @@ _DEAD_PAYLOAD_BYTES = 4096  # a dead letter keeps the head of the payload, for f
 
 def begin(options: WorkerOptions, tenant: str, request_id: str, entry: Entry, now: float) -> tuple:
     entry_ref = f"{entry.stream}|{entry.entry_id}"
-    return ("script", "begin", keys.request_keys(tenant, request_id),
+    return ("script", "begin", list(RequestKeys.of(tenant, request_id)),
             [options.worker_id, entry_ref, options.result_ttl_ms, repr(now)])
 
 
 def publish(options: WorkerOptions, publish_command: str, inf: Inflight, event: Token,
             first_token_at: float | None) -> tuple:
     stamp = "" if first_token_at is None else repr(first_token_at)
-    return ("script", "publish", inf.redis_keys,
+    return ("script", "publish", list(inf.redis_keys),
             [inf.owner, options.result_ttl_ms, publish_command, codec.encode(event), stamp,
              event.seq, event.seq + len(event.token_ids)])
 
@@ -28,7 +29,7 @@ def publish(options: WorkerOptions, publish_command: str, inf: Inflight, event: 
 def finish(options: WorkerOptions, publish_command: str, inf: Inflight,
            event: Result | Failure) -> tuple:
     num_tokens = len(event.token_ids) if isinstance(event, Result) else ""
-    return ("script", "finish", inf.redis_keys,
+    return ("script", "finish", list(inf.redis_keys),
             [inf.owner, options.result_ttl_ms, publish_command, codec.encode(event), num_tokens])
 
 
@@ -45,9 +46,9 @@ def ack(options: WorkerOptions, entries: list[Entry]) -> list[tuple]:
             for stream, ids in _by_stream(entries).items()]
 
 
-def renew(options: WorkerOptions, entries: list[Entry]) -> list[tuple]:
-    return [("script", "renew", [stream], [keys.GROUP, options.worker_id, *ids])
-            for stream, ids in _by_stream(entries).items()]
+def renew(options: WorkerOptions, stream: str, entry_ids: list[str]) -> tuple:
+    """Owner-checked lease renewal of entries of one stream; replies the ids lost."""
+    return ("script", "renew", [stream], [keys.GROUP, options.worker_id, *entry_ids])
 
 
 def handoff(options: WorkerOptions, entries: list[Entry]) -> list[tuple]:

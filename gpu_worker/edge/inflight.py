@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, field
 
 from gpu_worker.edge.engine_loop import Job
+from gpu_worker.edge.scripts import RequestKeys
 from gpu_worker.outputs import RequestDelta
 from gpu_worker.sampling_params import SamplingParams
 from shared import codec, errors, keys
@@ -50,8 +51,8 @@ class Inflight:
         return engine_key(self.request.tenant, self.request.request_id)
 
     @property
-    def redis_keys(self) -> list[str]:
-        return keys.request_keys(self.request.tenant, self.request.request_id)
+    def redis_keys(self) -> RequestKeys:
+        return RequestKeys.of(self.request.tenant, self.request.request_id)
 
     def job(self) -> Job:
         r = self.request

@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
+from collections.abc import Callable
 
 from gpu_worker.edge import calls
 from gpu_worker.edge.inflight import engine_key
@@ -19,22 +21,34 @@ async def renew_leases(state: WorkerState) -> None:
     request; learn of entries another worker took over (fenced) and of cancel keys missed
     on the control channel."""
     held = list(state.inflight.values())
-    if not held:
+    by_stream: dict[str, list] = {}
+    for inf in held:
+        by_stream.setdefault(inf.entry.stream, []).append(inf)
+    # Each call beside what its reply means, so no reply is read by position.
+    plan: list[tuple[tuple, Callable[[object], None]]] = [
+        (calls.renew(state.options, stream, [inf.entry.entry_id for inf in infs]),
+         functools.partial(_on_renewed, state, infs)) for stream, infs in by_stream.items()]
+    plan += [(("EXISTS", inf.redis_keys.cancel), functools.partial(_on_cancel_key, state, inf))
+             for inf in held]
+    if not plan:
         return
-    renewals = calls.renew(state.options, [inf.entry for inf in held])
-    checks = [("EXISTS", inf.redis_keys[2]) for inf in held]
-    results = await state.io.run(renewals + checks)
-    for result in results:
+    results = await state.io.run([call for call, _ in plan])
+    for (_, handle), result in zip(plan, results):
         if isinstance(result, Exception):
             raise result
-    for lost_ids in results[:len(renewals)]:
-        lost = {i.decode() if isinstance(i, bytes) else i for i in lost_ids}
-        for inf in held:
-            if inf.entry.entry_id in lost:
-                state.lose(inf.key, "lease taken over")
-    for inf, exists in zip(held, results[len(renewals):]):
-        if exists:
-            state.cancel(inf.key)
+        handle(result)
+
+
+def _on_renewed(state: WorkerState, infs: list, lost_ids: list) -> None:
+    lost = {i.decode() if isinstance(i, bytes) else i for i in lost_ids}
+    for inf in infs:
+        if inf.entry.entry_id in lost:
+            state.lose(inf.key, "lease taken over")
+
+
+def _on_cancel_key(state: WorkerState, inf, exists: int) -> None:
+    if exists:
+        state.cancel(inf.key)
 
 
 async def lease_loop(state: WorkerState) -> None:

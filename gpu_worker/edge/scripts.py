@@ -1,8 +1,8 @@
 """The Lua scripts that make the worker's Redis writes atomic and owner-checked.
 
-Per-request scripts take ``shared.keys.request_keys(...)`` as KEYS (state, progress,
-cancel, channel: one hash tag, one cluster slot; the channel is declared as a key so
-SPUBLISH works on a cluster). The owner token ``<worker>#<fence>`` written by ``BEGIN`` is
+Per-request scripts take a :class:`RequestKeys` as KEYS (state, progress, cancel,
+channel: one hash tag, one cluster slot; the channel is declared as a key so SPUBLISH
+works on a cluster). The owner token ``<worker>#<fence>`` written by ``BEGIN`` is
 the fencing token: every later write checks it, so a worker that was paused and lost the
 request to another worker can no longer publish into it or finish it.
 
@@ -14,6 +14,9 @@ from __future__ import annotations
 import enum
 import hashlib
 from dataclasses import dataclass
+from typing import NamedTuple
+
+from shared import keys
 
 # KEYS: state, progress, cancel, channel. ARGV: worker_id, entry_ref, ttl_ms, now.
 # -> Begun: {'done'} | {'duplicate'} | {'ok', owner, cancelled, first_start, first_token_at,
@@ -142,6 +145,19 @@ ALL = {name: Script(name, src) for name, src in
        {"begin": BEGIN, "publish": PUBLISH, "finish": FINISH, "renew": RENEW, "ack": ACK,
         "handoff": HANDOFF}.items()}
 SHAS = {name: s.sha for name, s in ALL.items()}
+
+
+class RequestKeys(NamedTuple):
+    """The KEYS of every per-request script, in the order the scripts use them."""
+
+    state: str
+    progress: str
+    cancel: str
+    channel: str
+
+    @classmethod
+    def of(cls, tenant: str, request_id: str) -> "RequestKeys":
+        return cls(*keys.request_keys(tenant, request_id))
 
 
 class Published(enum.IntEnum):
