@@ -129,3 +129,29 @@ def test_extreme_numbers_are_refused_at_decode(request, field, value):
         assert result.deadline is None or result.deadline <= limits.MAX_UNIX_TIME
     else:
         assert result.request_id == request.request_id
+
+
+def test_the_request_schema_bounds_nesting_by_itself():
+    """The typed decode of a Request never recurses deeper than its schema, because no
+    field is ``Any``, untyped or recursive: the depth scan then only runs on failures. A
+    field that breaks this (say ``dict[str, Any]`` for a JSON schema) fails this test, and
+    the payload must then be depth-scanned before the decode."""
+    import msgspec.inspect as mi
+
+    def depth(t, seen=()) -> int:
+        if isinstance(t, (mi.AnyType, mi.CustomType)):
+            raise AssertionError(f"unbounded field type {t!r} in Request")
+        if isinstance(t, mi.StructType):
+            assert t.cls not in seen, f"recursive type {t.cls.__name__}"
+            return 1 + max((depth(f.type, seen + (t.cls,)) for f in t.fields), default=0)
+        if isinstance(t, (mi.ListType, mi.SetType, mi.FrozenSetType, mi.VarTupleType)):
+            return 1 + depth(t.item_type, seen)
+        if isinstance(t, mi.DictType):
+            return 1 + max(depth(t.key_type, seen), depth(t.value_type, seen))
+        if isinstance(t, mi.TupleType):
+            return 1 + max((depth(x, seen) for x in t.item_types), default=0)
+        if isinstance(t, mi.UnionType):
+            return max(depth(x, seen) for x in t.types)
+        return 0
+
+    assert depth(mi.type_info(Request)) <= 4 < limits.MAX_JSON_DEPTH
