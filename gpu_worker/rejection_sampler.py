@@ -5,20 +5,21 @@ Row ``j`` of a request's logits is the target's distribution for the token after
 argmax, then add the target's own next token. Sampled requests use rejection sampling:
 draft ``d`` is kept with probability ``min(1, p(d) / q(d))``; on rejection the token is
 drawn from ``max(0, p - q)`` renormalised, so the output is distributed exactly as the
-target's (Leviathan et al., Chen et al. 2023). Deterministic drafters (n-gram) have a
-one-hot ``q``. Seeded requests draw from (seed, position), as in the plain sampler.
+target's (Leviathan et al., Chen et al. 2023). Every drafter here is deterministic (n-gram,
+greedy draft models), so ``q`` is one-hot: keep ``d`` with probability ``p(d)``, else draw
+from ``p`` without ``d``. Seeded requests draw from (seed, position), as in the plain sampler.
 """
 from __future__ import annotations
 
 import torch
 
-from gpu_worker.sampler import Sampler, SamplingRow, gather_logprobs, row_seed
+from gpu_worker.sampler import Sampler, SamplingRow, gather_logprobs, raw_logprobs_for, row_seed
 
 
 def verify_drafts(sampler: Sampler, logits: torch.Tensor, rows: list[SamplingRow],
                   logits_rows: list, out) -> None:
     """logits: [num_rows, vocab] raw; fills out.sampled / num_drafted / num_accepted / logprobs."""
-    raw = logits.log_softmax(dim=-1) if any(r.params.logprobs is not None for r in rows) else None
+    raw = raw_logprobs_for(logits, rows)
     processed = sampler.processed_logits(logits.clone(), rows)
     greedy_ids = processed.argmax(dim=-1).tolist()
     sampled_rows = [i for i, r in enumerate(rows) if not r.params.greedy]
@@ -30,7 +31,6 @@ def verify_drafts(sampler: Sampler, logits: torch.Tensor, rows: list[SamplingRow
     for s, _, n in logits_rows:
         req = s.request
         drafts = req.spec_token_ids[:n - 1]
-        draft_probs = getattr(req, "spec_draft_probs", None)
         tokens = []
         for j in range(n):
             row = offset + j
@@ -39,9 +39,7 @@ def verify_drafts(sampler: Sampler, logits: torch.Tensor, rows: list[SamplingRow
                 if j == n - 1 or greedy_ids[row] != drafts[j]:
                     break
                 continue
-            q = draft_probs[j] if (draft_probs is not None and j < n - 1) else None
-            token, accepted = _sample_or_accept(sampler, probs[row], rows[row],
-                                                drafts[j] if j < n - 1 else None, q)
+            token, accepted = _sample_or_accept(sampler, probs[row], rows[row], drafts[j] if j < n - 1 else None)
             tokens.append(token)
             if not accepted:
                 break
@@ -56,18 +54,15 @@ def verify_drafts(sampler: Sampler, logits: torch.Tensor, rows: list[SamplingRow
                                                  rows[first:first + len(tokens)])
 
 
-def _sample_or_accept(sampler: Sampler, p: torch.Tensor, row: SamplingRow, draft: int | None,
-                      q: torch.Tensor | None) -> tuple[int, bool]:
-    """Returns (token, draft_accepted). ``draft is None`` means the bonus position."""
+def _sample_or_accept(sampler: Sampler, p: torch.Tensor, row: SamplingRow, draft: int | None) -> tuple[int, bool]:
+    """(token, draft accepted) for one row; p: [vocab] target probabilities. ``draft is
+    None`` means the bonus position."""
     gen = _generator(sampler, row)
     if draft is not None:
-        q_d = float(q[draft]) if q is not None else 1.0
-        u = float(torch.rand((), generator=gen))
-        if q_d > 0 and u * q_d < float(p[draft]):
+        if float(torch.rand((), generator=gen)) < float(p[draft]):
             return draft, True
-        residual = (p - q).clamp_min_(0.0) if q is not None else p.clone()
-        if q is None:
-            residual[draft] = 0.0
+        residual = p.clone()
+        residual[draft] = 0.0
         total = float(residual.sum())
         p = residual / total if total > 0 else p
     noise = torch.empty_like(p).exponential_(generator=gen)

@@ -78,7 +78,7 @@ class Sampler:
 
     def sample(self, logits: torch.Tensor, rows: list[SamplingRow]) -> tuple[list[int], list[TokenLogprob] | None]:
         """Sample one token per row. logits: [n, vocab] float32 raw model output."""
-        raw_logprobs = _raw_logprobs(logits, rows)
+        raw_logprobs = raw_logprobs_for(logits, rows)
         if all(r.params.greedy and not r.params.needs_penalties and r.params.min_tokens == 0 for r in rows):
             token_ids = logits.argmax(dim=-1).tolist()
         else:
@@ -128,7 +128,8 @@ def _filter_top_k_top_p(logits: torch.Tensor, rows: list[SamplingRow]) -> None: 
     logits.scatter_(-1, order, sorted_logits)
 
 
-def _raw_logprobs(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor | None:
+def raw_logprobs_for(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor | None:
+    """Log-softmax of the raw logits [n, vocab], or None when no row asks for logprobs."""
     if all(r.params.logprobs is None for r in rows):
         return None
     return logits.log_softmax(dim=-1)
