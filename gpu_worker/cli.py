@@ -14,7 +14,7 @@ import sys
 # sub-command path -> (module, help)
 COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("worker",): ("gpu_worker.edge.cli", "run a worker: pull requests from Redis, stream tokens back"),
-    ("quantize",): ("gpu_worker.model.quantize_cmd", "calibrate + quantize a model once, into the cache"),
+    ("quantize",): ("gpu_worker.model.quant.cli", "calibrate + quantize a model once, into the cache"),
     ("bench", "throughput"): ("gpu_worker.bench.throughput", "engine vs transformers, in-process"),
     ("bench", "e2e"): ("gpu_worker.edge.bench_e2e", "the fleet through Redis vs the in-process engine"),
     ("bench", "spec"): ("gpu_worker.bench.spec", "speculative decoding proposers, side by side"),

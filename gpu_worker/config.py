@@ -1,10 +1,12 @@
 """Engine options (immutable); derived values such as the block count are computed once
-and passed on, never written back."""
+and passed on, never written back. The few switches that have an environment variable read
+it here, once, when a config is made; no code below the config reads the environment."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+OPS_BACKENDS = ("auto", "cpu", "torch", "triton")   # EngineConfig.ops_backend (gpu_worker/model/ops)
 
 def switched_on(name: str) -> bool:
     """An on/off environment switch that defaults to on: ``0``, ``false``, ``no`` or ``off``
@@ -23,6 +25,11 @@ class EngineConfig:
     max_num_batched_tokens: the token budget of one step (prefill chunks + decodes + drafts).
     max_num_seqs: the most requests running at once.
     max_model_len: cap on prompt + output tokens (default: the model's context).
+    ops_backend: ``auto`` (``cpu`` on the CPU, ``triton`` on CUDA), ``cpu``, ``torch`` or
+        ``triton`` (``model/ops``); default ``$FLEET_OPS``, else ``auto``.
+    cpu_kernels, onednn, quant_cache: the C kernels of ``kernels/cpu``, oneDNN-packed CPU
+        matmuls, the cache of calibrated INT4 weights; each on unless ``FLEET_CPU_KERNELS``,
+        ``FLEET_ONEDNN`` or ``FLEET_QUANT_CACHE`` turns it off (see :func:`switched_on`).
     """
 
     model: str | None = None
@@ -44,6 +51,10 @@ class EngineConfig:
     self_draft_layers: int | None = None    # for speculative="self": early exit after this many layers
     self_draft_quantization: str | None = None  # for speculative="self": draft with own weights, int8/int4
     spec_adaptive: bool = True              # adapt k per request and to the batch's cost
+    ops_backend: str = field(default_factory=lambda: os.environ.get("FLEET_OPS") or "auto")
+    cpu_kernels: bool = field(default_factory=lambda: switched_on("FLEET_CPU_KERNELS"))
+    onednn: bool = field(default_factory=lambda: switched_on("FLEET_ONEDNN"))
+    quant_cache: bool = field(default_factory=lambda: switched_on("FLEET_QUANT_CACHE"))
 
 
 def parse_bytes(text: str) -> int:

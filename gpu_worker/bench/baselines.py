@@ -72,7 +72,7 @@ def matmul_peak_gflops(seconds: float = 4.0, n: int = 1536, reps: int = 5) -> di
     back-to-back products (a single product can catch a frequency burst and overstate what
     the cores sustain). ``peak`` is the higher of the two: the compute limit must not be one
     that the engine's own kernels beat."""
-    from gpu_worker.model import onednn
+    from gpu_worker.model.ops import onednn
 
     a, b = torch.randn(n, n), torch.randn(n, n)
     out = torch.empty(n, n)

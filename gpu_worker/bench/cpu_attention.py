@@ -18,7 +18,7 @@ import torch
 from gpu_worker.bench.timing import mean_seconds
 from gpu_worker.bench.workload import mixed_workload
 from gpu_worker.model.attention import AttentionMetadata, cpu_paged_attention, plan_cpu_attention, plan_native_attention
-from gpu_worker.model.cpu_native import loaded_kernels
+from gpu_worker.model.ops.cpu_native import loaded_kernels
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

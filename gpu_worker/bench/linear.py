@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from gpu_worker.bench.timing import mean_seconds
-from gpu_worker.model import onednn
+from gpu_worker.model.ops import onednn
 
 ROWS = (1, 2, 4, 8, 16, 32, 64, 256, 1024)
 

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from gpu_worker.bench.timing import mean_seconds
-from gpu_worker.model.calibration import prefill_hidden
+from gpu_worker.model.quant.calibration import prefill_hidden
 
 logger = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ def agreement(ref: list[list[int]], other: list[list[int]]) -> dict:
 def cpu_matmul_timings(shapes=((576, 1536), (3072, 576)), ms=(1, 32, 256), reps: int = 10) -> list[dict]:
     """Microseconds per [M, K] x [K, N] product: fp32 vs the CPU quantized choices."""
     from kernels.quantize import dequantize_int4, quantize_int4, quantize_int8, unpack_int4
-    from gpu_worker.model.quant import int4_group_for
+    from gpu_worker.model.quant.quantize import int4_group_for
 
     def timed(fn) -> float:
         return mean_seconds(fn, reps) * 1e6
@@ -142,7 +142,7 @@ def _load(args, spec: str | None):
     activation-aware scales). ``int4-rtn`` (or ``int4-g64-rtn``, ...) quantizes the loaded
     fp32 model without calibration, for comparison."""
     from gpu_worker.llm import LLM
-    from gpu_worker.model.quant import quantize_model
+    from gpu_worker.model.quant.quantize import quantize_model
 
     plain = bool(spec) and spec.endswith("-rtn")
     method = spec[:-len("-rtn")] if plain else spec
@@ -153,7 +153,7 @@ def _load(args, spec: str | None):
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpu_worker.model.quant import weight_bytes
+    from gpu_worker.model.quant.quantize import weight_bytes
 
     started = time.perf_counter()
     fp32 = _load(args, None)

@@ -22,7 +22,7 @@ import torch
 
 from gpu_worker.bench.baselines import hf_continuous, load_hf_model, matmul_peak_gflops, naive_static
 from gpu_worker.bench.workload import WorkItem, mixed_workload
-from gpu_worker.model import onednn
+from gpu_worker.model.ops import onednn
 from gpu_worker.model.config import ModelConfig
 
 logger = logging.getLogger(__name__)

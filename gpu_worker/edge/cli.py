@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 
+from gpu_worker.config import OPS_BACKENDS
 from gpu_worker.edge.options import WorkerOptions
 
 logger = logging.getLogger(__name__)
@@ -39,6 +40,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                    help="weight-only quantization at load (int4: group 128)")
     g.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
                    help="weights and KV cache dtype (bfloat16 on GPUs)")
+    g.add_argument("--ops-backend", choices=OPS_BACKENDS, default=None,
+                   help="compute ops: cpu (C kernels), torch, triton (default: $FLEET_OPS, else auto)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -67,6 +70,7 @@ def engine_config(args: argparse.Namespace):
     from gpu_worker.config import EngineConfig, parse_bytes
 
     kv = None if args.kv_cache_memory is None else parse_bytes(str(args.kv_cache_memory))
+    ops = getattr(args, "ops_backend", None)
     return EngineConfig(model=args.model, kv_cache_memory=kv, max_num_seqs=args.max_num_seqs,
                         max_num_batched_tokens=args.max_num_batched_tokens,
                         block_size=args.block_size, num_threads=args.threads,
@@ -78,7 +82,8 @@ def engine_config(args: argparse.Namespace):
                         self_draft_layers=getattr(args, "self_draft_layers", None),
                         self_draft_quantization=getattr(args, "self_draft_quantization", None),
                         quantization=getattr(args, "quantization", None),
-                        dtype=getattr(args, "dtype", "float32"))
+                        dtype=getattr(args, "dtype", "float32"),
+                        **({} if ops is None else {"ops_backend": ops}))   # unset: the config's default
 
 
 def worker_options(args: argparse.Namespace) -> WorkerOptions:

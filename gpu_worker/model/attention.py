@@ -18,7 +18,7 @@ from functools import cached_property
 import torch
 import torch.nn.functional as F
 
-from gpu_worker.model.cpu_native import loaded_kernels
+from gpu_worker.model.ops.cpu_native import loaded_kernels
 
 # A decode bucket grows while its longest context stays within this factor of its shortest.
 BUCKET_GROWTH = 1.5

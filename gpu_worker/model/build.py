@@ -1,5 +1,5 @@
-"""Build the model an EngineConfig asks for: device, dtype, weights, quantization, and how
-much memory the KV cache may take there."""
+"""Build the model an EngineConfig asks for (its switches reach the layers below only as
+arguments), and how much memory the KV cache may take there."""
 from __future__ import annotations
 
 import logging
@@ -11,8 +11,8 @@ from gpu_worker.config import EngineConfig
 from gpu_worker.model.config import ModelConfig
 from gpu_worker.model.llama import LlamaForCausalLM
 from gpu_worker.model.loader import load_state_dict
-from gpu_worker.model.onednn import pack_for_cpu
-from gpu_worker.model.ops import select_ops
+from gpu_worker.model.ops.backends import select_ops
+from gpu_worker.model.ops.onednn import pack_for_cpu
 
 logger = logging.getLogger(__name__)
 
@@ -29,16 +29,17 @@ def build_model(config: EngineConfig, cfg: ModelConfig, model_dir: Path, max_mod
                 tokenizer) -> LlamaForCausalLM:
     """Weights loaded, moved to the device, cast, then (last, so scales keep float32)
     weight-only quantized if asked, INT4 calibrated with ``tokenizer``'s text (once: the
-    result is cached, ``quant_cache.py``); else packed for oneDNN on the CPU."""
+    result is cached, ``quant/cache.py``); else packed for oneDNN on the CPU."""
     device = torch.device(config.device)
-    model = LlamaForCausalLM(cfg, select_ops(device), max_positions=max_model_len)
+    ops = select_ops(device, config.ops_backend, cpu_kernels=config.cpu_kernels)
+    model = LlamaForCausalLM(cfg, ops, max_positions=max_model_len)
     model.load_hf_state_dict(load_state_dict(model_dir))
     model.eval().to(device=device, dtype=torch_dtype(config.dtype))
     if config.quantization:
-        from gpu_worker.model.quant_cache import quantize_for_serving
+        from gpu_worker.model.quant.cache import quantize_for_serving
 
-        quantize_for_serving(model, config.quantization, model_dir, tokenizer)
-    else:
+        quantize_for_serving(model, config.quantization, model_dir, tokenizer, cache=config.quant_cache)
+    elif config.onednn:
         pack_for_cpu(model)
     return model
 

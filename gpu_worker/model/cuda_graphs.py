@@ -17,7 +17,7 @@ import logging
 
 import torch
 
-from gpu_worker.model.triton_ops import TritonAttentionPlan
+from gpu_worker.model.ops.triton_ops import TritonAttentionPlan
 
 logger = logging.getLogger(__name__)
 

@@ -2,9 +2,9 @@
 
 One forward pass mixes prefill chunks of some requests with decode tokens of others; the
 attention metadata and the KV caches are passed in explicitly (no global context). The
-compute ops come from one :class:`ModelOps` chosen at construction. q/k/v and gate/up
-projections are fused into one matmul each; every projection is a :class:`Linear` that
-weight-only quantization swaps at load.
+compute ops come from one :class:`ModelOps` chosen at construction (``model/ops``). q/k/v and
+gate/up projections are fused into one matmul each; every projection is an ``ops.base.Linear``
+that oneDNN packing or weight-only quantization (``model/quant``) swaps at load.
 """
 from __future__ import annotations
 
@@ -14,22 +14,10 @@ from torch import nn
 
 from gpu_worker.errors import ModelLoadError
 from gpu_worker.model.config import ModelConfig
-from gpu_worker.model.ops import TORCH_OPS, ModelOps
+from gpu_worker.model.ops.base import Linear, ModelOps
+from gpu_worker.model.ops.torch_ops import TORCH_OPS
 
 KVCache = tuple[torch.Tensor, torch.Tensor]  # ([num_blocks, block_size, kv_heads, head_dim],) * 2
-
-
-class Linear(nn.Module):
-    """y = x W^T (+ b), weight [out_features, in_features]."""
-
-    def __init__(self, out_features: int, in_features: int, bias: bool = False) -> None:
-        super().__init__()
-        self.out_features, self.in_features = out_features, in_features
-        self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
-        self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [n, in] -> [n, out]
-        return F.linear(x, self.weight, self.bias)
 
 
 class DecoderLayer(nn.Module):
@@ -73,7 +61,7 @@ class LlamaForCausalLM(nn.Module):
         self.norm = nn.Parameter(torch.empty(cfg.hidden_size), requires_grad=False)
         self.lm_head = (self.embed if cfg.tie_word_embeddings
                         else nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size), requires_grad=False))
-        self.packed_head: nn.Module | None = None   # lm_head prepacked for oneDNN (model/onednn.py)
+        self.packed_head: nn.Module | None = None   # lm_head prepacked for oneDNN (model/ops/onednn.py)
         n_pos = min(max_positions or cfg.max_position_embeddings, cfg.max_position_embeddings)
         freqs = torch.arange(n_pos, dtype=torch.float32)[:, None] * cfg.inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)

@@ -111,7 +111,7 @@ def _stage_main(rank, port, devices, model_dir, opts, prompts, plist, results) -
 
 def _setup(model_dir: str, opts: PipelineOptions, device: torch.device, rank: int):
     from gpu_worker.model.loader import load_model_config, resolve_model_dir
-    from gpu_worker.model.ops import select_ops
+    from gpu_worker.model.ops.backends import select_ops
     from gpu_worker.parallel.stage import StageSpec, build_stage_model, split_layers
 
     path = resolve_model_dir(model_dir)

@@ -84,7 +84,7 @@ def quantized_self_drafter(target: LlamaForCausalLM, kv_caches: list, method: st
     the drafts' acceptance, rose from 76 % (uncalibrated) to 87 %."""
     import copy
 
-    from gpu_worker.model.quant_cache import quantize_for_serving
+    from gpu_worker.model.quant.cache import quantize_for_serving
 
     draft = copy.deepcopy(target)
     quantize_for_serving(draft, method, model_dir, tokenizer)

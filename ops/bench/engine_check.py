@@ -49,11 +49,12 @@ def _prompts(n: int) -> list[list[int]]:
             for length in torch.randint(3, 60, (n,), generator=g)]
 
 
-def _generate(model_dir: str, device: str, prompts, max_tokens: int, quantization: str | None = None):
+def _generate(model_dir: str, device: str, ops: str, prompts, max_tokens: int, quantization: str | None = None):
     from gpu_worker import LLM, SamplingParams
-    from gpu_worker.model.quant import quantize_model
+    from gpu_worker.model.quant.quantize import quantize_model
 
-    llm = LLM(model_dir, device=device, kv_cache_memory=32 << 20, block_size=16, max_num_batched_tokens=128)
+    llm = LLM(model_dir, device=device, ops_backend=ops, kv_cache_memory=32 << 20, block_size=16,
+              max_num_batched_tokens=128)
     if quantization:
         quantize_model(llm.engine.model, quantization)
     start = time.perf_counter()
@@ -96,30 +97,23 @@ def _graph_vs_eager(llm, device: torch.device, capture: bool) -> dict:
 
 def run(device: torch.device, dry_run: bool) -> dict:
     """Everything above, as one JSON-able dict (errors recorded per part by the caller)."""
-    if device.type != "cuda":
-        os.environ["FLEET_OPS"] = "triton"   # the interpreter stands in for the GPU
     work = Path(tempfile.mkdtemp(prefix="engine-check-"))
     model_dir = make_offline_model(work / "tiny-llama")
     prompts = _prompts(3 if dry_run else 16)
     n = 4 if dry_run else 32
     result: dict = {"prompts": len(prompts), "max_tokens": n}
-    os.environ["FLEET_OPS"] = "torch"
-    _, ref, ref_s = _generate(model_dir, "cpu", prompts, n)
-    os.environ["FLEET_OPS"] = "triton"
-    dev = str(device)
-    llm, got, got_s = _generate(model_dir, dev, prompts, n)
+    _, ref, ref_s = _generate(model_dir, "cpu", "torch", prompts, n)
+    dev = str(device)   # triton on a CPU device too: the interpreter stands in for the GPU
+    llm, got, got_s = _generate(model_dir, dev, "triton", prompts, n)
     result["fp32"] = {"ops": llm.engine.model.ops.name, "token_match_vs_cpu_torch": _match(ref, got),
                       "exact": got == ref, "cpu_s": ref_s, "device_s": got_s}
     result["graphs"] = _graph_vs_eager(llm, device, capture=device.type == "cuda")
     del llm
     for spec in ("int8", "int4-g32"):
-        os.environ["FLEET_OPS"] = "torch"
-        _, qref, _ = _generate(model_dir, "cpu", prompts, n, spec)
-        os.environ["FLEET_OPS"] = "triton"
-        _, qgot, q_s = _generate(model_dir, dev, prompts, n, spec)
+        _, qref, _ = _generate(model_dir, "cpu", "torch", prompts, n, spec)
+        _, qgot, q_s = _generate(model_dir, dev, "triton", prompts, n, spec)
         result[spec] = {"token_match_vs_cpu_same_quant": _match(qref, qgot), "token_match_vs_fp32": _match(ref, qgot),
                         "device_s": q_s}
-    os.environ.pop("FLEET_OPS", None)
     return result
 
 

@@ -78,7 +78,7 @@ def test_greedy_identical_with_speculation(kind, tiny_llama_dir, draft_dir, refe
     if kind == "self-int8":     # the target's own weights at int8 agree with it most of the time
         assert stats["spec_acceptance_rate"] > 0.5
     if kind == "self-int4":     # int4 with activation-aware scales from the calibration text
-        from gpu_worker.model.quant import Int4Linear
+        from gpu_worker.model.quant.quantize import Int4Linear
 
         draft = llm.engine.speculator.proposer.model
         assert isinstance(draft.layers[0].qkv, Int4Linear) and draft.layers[0].qkv.input_scale is not None

@@ -6,7 +6,7 @@ import torch
 
 from gpu_worker.bench.cpu_attention import step_metadata
 from gpu_worker.model.attention import cpu_paged_attention, plan_cpu_attention, plan_native_attention
-from gpu_worker.model.cpu_native import loaded_kernels
+from gpu_worker.model.ops.cpu_native import loaded_kernels
 
 PLANS = [plan_cpu_attention] + ([plan_native_attention] if loaded_kernels() is not None else [])
 

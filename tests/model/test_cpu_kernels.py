@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from gpu_worker import LLM, SamplingParams
-from gpu_worker.model import cpu_native
 from gpu_worker.model.attention import AttentionMetadata, plan_cpu_attention
+from gpu_worker.model.ops.cpu_native import loaded_kernels
 
-kernels = cpu_native.cpu_kernels()
+kernels = loaded_kernels()
 pytestmark = pytest.mark.skipif(kernels is None, reason="no C compiler: the torch path is the only one")
 
 
@@ -94,28 +94,28 @@ def test_an_empty_context_gives_zeros_and_bad_input_raises():
         kernels.paged_decode(q[:, :3].contiguous(), k_cache, v_cache, tables, lens, 0.125, out)
 
 
-def test_the_cpu_backend_plans_decode_rows_for_the_kernel_and_the_switch_turns_it_off(monkeypatch):
-    from gpu_worker.model.ops import select_ops
+def test_the_cpu_backend_plans_decode_rows_for_the_kernel_and_the_switch_turns_it_off():
+    from gpu_worker.model.ops.backends import select_ops
 
     meta = AttentionMetadata(torch.tensor([4, 20]), torch.tensor([[0], [1]]), [5, 9], [1, 1], 2, 16)
-    assert select_ops("cpu").name == "cpu"
+    assert select_ops("cpu").name == "cpu" and select_ops("cpu", "cpu").name == "cpu"
     assert select_ops("cpu").plan_attention(meta).decode_lens.tolist() == [5, 9]
     assert plan_cpu_attention(meta).decode_lens is None        # the torch backend: gather + SDPA
-    monkeypatch.setenv("FLEET_CPU_KERNELS", "0")
-    assert select_ops("cpu").name == "torch"
-    assert select_ops("cpu").plan_attention(meta).decode_lens is None
+    assert select_ops("cpu", cpu_kernels=False).name == "torch"
+    assert select_ops("cpu", cpu_kernels=False).plan_attention(meta).decode_lens is None
+    with pytest.raises(ValueError, match="unknown ops backend"):
+        select_ops("cpu", "fast")
 
 
 @pytest.mark.parametrize("model", ["tiny_llama_dir", "tiny_qwen_dir"])
-def test_engine_tokens_are_the_same_with_the_cpu_and_the_torch_backends(model, request, monkeypatch):
+def test_engine_tokens_are_the_same_with_the_cpu_and_the_torch_backends(model, request):
     model_dir = request.getfixturevalue(model)
     prompts = [[(7 * i + j) % 90 + 3 for j in range(5 + 11 * i)] for i in range(6)]
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     llm = LLM(model_dir, kv_cache_memory=8 << 20)
     assert llm.engine.model.ops.name == "cpu"
     with_kernels = [o.token_ids for o in llm.generate(prompts, params)]
-    monkeypatch.setenv("FLEET_OPS", "torch")
-    llm = LLM(model_dir, kv_cache_memory=8 << 20)
+    llm = LLM(model_dir, kv_cache_memory=8 << 20, ops_backend="torch")
     assert llm.engine.model.ops.name == "torch"
     assert [o.token_ids for o in llm.generate(prompts, params)] == with_kernels
 
@@ -139,14 +139,14 @@ def test_the_build_is_cached(tmp_path):
 
 @pytest.mark.parametrize("rows", [1, 7, 8, 300])
 def test_glue_ops_match_the_torch_ops(rows):
-    from gpu_worker.model import cpu_ops, ops
+    from gpu_worker.model.ops import cpu_ops, torch_ops
 
     gen = torch.Generator().manual_seed(rows)
     heads, kv_heads, d, hidden, inter = 9, 3, 64, 576, 1536
     x, w = torch.randn(rows, hidden, generator=gen), torch.randn(hidden, generator=gen)
     for residual in (None, torch.randn(rows, hidden, generator=gen)):
         got, got_res = cpu_ops.add_rms_norm(x.clone(), None if residual is None else residual.clone(), w, 1e-5)
-        want, want_res = ops._torch_add_rms_norm(x.clone(), None if residual is None else residual.clone(), w, 1e-5)
+        want, want_res = torch_ops.add_rms_norm(x.clone(), None if residual is None else residual.clone(), w, 1e-5)
         torch.testing.assert_close(got, want, rtol=2e-6, atol=2e-6)
         torch.testing.assert_close(got_res, want_res, rtol=0, atol=0)
 
@@ -161,31 +161,23 @@ def test_glue_ops_match_the_torch_ops(rows):
         q, k = backend.rope(q.view(rows, heads, d), k.view(rows, kv_heads, d), backend.prepare_rope(positions, cos, sin))
         return q, k
 
-    for got, want in zip(rotated(cpu_ops.CPU_OPS), rotated(ops.TORCH_OPS)):
+    for got, want in zip(rotated(cpu_ops.CPU_OPS), rotated(torch_ops.TORCH_OPS)):
         torch.testing.assert_close(got, want, rtol=0, atol=0)     # the same roundings
 
     gate_up = torch.randn(rows, 2 * inter, generator=gen) * 4
-    torch.testing.assert_close(cpu_ops.silu_and_mul(gate_up), ops._torch_silu_and_mul(gate_up.clone()),
+    torch.testing.assert_close(cpu_ops.silu_and_mul(gate_up), torch_ops.silu_and_mul(gate_up.clone()),
                                rtol=4e-6, atol=1e-6)
 
 
 def test_glue_ops_fall_back_to_torch_where_the_kernels_do_not_apply():
-    from gpu_worker.model import cpu_ops, ops
+    from gpu_worker.model.ops import cpu_ops, torch_ops
 
     x = torch.randn(4, 32).bfloat16()
-    torch.testing.assert_close(cpu_ops.silu_and_mul(x), ops._torch_silu_and_mul(x.clone()))
+    torch.testing.assert_close(cpu_ops.silu_and_mul(x), torch_ops.silu_and_mul(x.clone()))
     normed, _ = cpu_ops.add_rms_norm(x, None, torch.ones(32).bfloat16(), 1e-5)
-    torch.testing.assert_close(normed, ops._torch_add_rms_norm(x, None, torch.ones(32).bfloat16(), 1e-5)[0])
+    torch.testing.assert_close(normed, torch_ops.add_rms_norm(x, None, torch.ones(32).bfloat16(), 1e-5)[0])
     strided = torch.randn(4, 64)[:, ::2]                          # not contiguous: torch path
-    torch.testing.assert_close(cpu_ops.silu_and_mul(strided), ops._torch_silu_and_mul(strided))
-
-
-def test_a_model_keeps_its_kernels_when_the_switch_flips_later(tiny_llama_dir, monkeypatch):
-    llm = LLM(tiny_llama_dir, kv_cache_memory=8 << 20)
-    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
-    before = llm.generate([[5, 6, 7, 8]], params)[0].token_ids
-    monkeypatch.setenv("FLEET_CPU_KERNELS", "0")     # chooses the backend of later models only
-    assert llm.generate([[5, 6, 7, 8]], params)[0].token_ids == before
+    torch.testing.assert_close(cpu_ops.silu_and_mul(strided), torch_ops.silu_and_mul(strided))
 
 
 def test_the_glue_wrappers_refuse_what_they_cannot_take():

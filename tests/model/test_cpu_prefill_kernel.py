@@ -6,9 +6,9 @@ import random
 import pytest
 import torch
 
-from gpu_worker.model import cpu_native
+from gpu_worker.model.ops.cpu_native import loaded_kernels
 
-kernels = cpu_native.cpu_kernels()
+kernels = loaded_kernels()
 pytestmark = pytest.mark.skipif(kernels is None, reason="no C compiler: the torch path is the only one")
 
 

@@ -15,9 +15,8 @@ def test_default_sizes():
     assert default_sizes(1) == [1]
 
 
-def test_padded_static_decode_equals_eager_step(tiny_llama_dir, monkeypatch):
-    monkeypatch.setenv("FLEET_OPS", "triton")
-    llm = LLM(tiny_llama_dir, kv_cache_memory=4 << 20, block_size=8)
+def test_padded_static_decode_equals_eager_step(tiny_llama_dir):
+    llm = LLM(tiny_llama_dir, kv_cache_memory=4 << 20, block_size=8, ops_backend="triton")
     eng = llm.engine
     assert capture_decode_graphs(eng.model, eng.runner.kv_caches, max_num_seqs=4, max_model_len=64,
                                  block_size=8) is None   # not on CUDA

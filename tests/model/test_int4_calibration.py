@@ -5,10 +5,10 @@ import torch
 
 from gpu_worker import LLM, SamplingParams
 from gpu_worker.bench.quant_quality import forward_logits
-from gpu_worker.model.calibration import LayerInputs, greedy_replies, layer_inputs
-from gpu_worker.model.gptq import gptq_int4
-from gpu_worker.model.int4_fit import fit_int4
-from gpu_worker.model.quant import Int4Linear, _projections
+from gpu_worker.model.quant.calibration import LayerInputs, greedy_replies, layer_inputs
+from gpu_worker.model.quant.gptq import gptq_int4
+from gpu_worker.model.quant.int4_fit import fit_int4
+from gpu_worker.model.quant.quantize import Int4Linear, _projections
 from kernels.quantize import dequantize_int4, unpack_int4
 
 
@@ -92,7 +92,7 @@ def test_int4_calibrated_once_then_loaded_from_the_cache(tiny_llama_dir, tmp_pat
     cached = list((tmp_path / "quantized").iterdir())
     assert len(cached) == 1 and (cached[0] / "quantized.safetensors").exists()
     assert all(isinstance(m, Int4Linear) and m.input_scale is not None for _, _, m in _projections(first))
-    with caplog.at_level("INFO", logger="gpu_worker.model.quant_cache"):
+    with caplog.at_level("INFO", logger="gpu_worker.model.quant.cache"):
         second = LLM(tiny_llama_dir, kv_cache_memory=8 << 20, quantization="int4").engine.model
     assert "loaded from the cache" in caplog.text
     assert torch.equal(forward_logits(first, ids), forward_logits(second, ids))
@@ -105,8 +105,7 @@ def test_int4_calibrated_once_then_loaded_from_the_cache(tiny_llama_dir, tmp_pat
 
 def test_quant_cache_can_be_turned_off(tiny_llama_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("FLEET_CACHE_DIR", str(tmp_path))
-    monkeypatch.setenv("FLEET_QUANT_CACHE", "0")
-    LLM(tiny_llama_dir, kv_cache_memory=8 << 20, quantization="int4")
+    LLM(tiny_llama_dir, kv_cache_memory=8 << 20, quantization="int4", quant_cache=False)
     assert not (tmp_path / "quantized").exists()
 
 
@@ -125,7 +124,7 @@ def test_fleet_quantize_fills_the_cache_workers_then_load(tiny_llama_dir, tmp_pa
     assert main(["quantize", "--model", str(tiny_llama_dir)]) == 0
     printed = capsys.readouterr().out.strip().splitlines()[-1]
     assert printed.startswith(str(tmp_path / "quantized")) and (tmp_path / "quantized").exists()
-    with caplog.at_level("INFO", logger="gpu_worker.model.quant_cache"):
+    with caplog.at_level("INFO", logger="gpu_worker.model.quant.cache"):
         LLM(tiny_llama_dir, kv_cache_memory=8 << 20, quantization="int4")
     assert "loaded from the cache" in caplog.text
 
@@ -133,7 +132,7 @@ def test_fleet_quantize_fills_the_cache_workers_then_load(tiny_llama_dir, tmp_pa
 def test_calibration_fits_a_short_context(tmp_path, monkeypatch):
     """A model with fewer positions than the calibration text: replies and exchanges are cut
     to fit, and quantization still works."""
-    from gpu_worker.model.calibration import calibration_sequences
+    from gpu_worker.model.quant.calibration import calibration_sequences
     from gpu_worker.testing import make_tiny_model
 
     monkeypatch.setenv("FLEET_CACHE_DIR", str(tmp_path))

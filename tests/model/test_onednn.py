@@ -7,9 +7,9 @@ import torch
 import torch.nn.functional as F
 
 from gpu_worker import LLM, SamplingParams
-from gpu_worker.model import onednn
-from gpu_worker.model.llama import Linear
-from gpu_worker.model.quant import Int8Linear, quantize_model, weight_bytes
+from gpu_worker.model.ops import onednn
+from gpu_worker.model.ops.base import Linear
+from gpu_worker.model.quant.quantize import Int8Linear, quantize_model, weight_bytes
 
 pytestmark = pytest.mark.skipif(not onednn.available(), reason="torch built without oneDNN")
 
@@ -33,12 +33,11 @@ def test_bfloat16_packs_too():
     torch.testing.assert_close(onednn.PackedLinear(w)(x).float(), F.linear(x, w).float(), rtol=2e-2, atol=2e-2)
 
 
-def test_engine_model_is_packed_and_the_switch_turns_it_off(tiny_llama_dir, monkeypatch):
+def test_engine_model_is_packed_and_the_switch_turns_it_off(tiny_llama_dir):
     packed = LLM(tiny_llama_dir, kv_cache_memory=8 << 20).engine.model
     assert all(not isinstance(m, Linear) for m in packed.modules())
     assert isinstance(packed.layers[0].qkv, onednn.PackedLinear) and packed.packed_head is not None
-    monkeypatch.setenv("FLEET_ONEDNN", "0")
-    plain = LLM(tiny_llama_dir, kv_cache_memory=8 << 20).engine.model
+    plain = LLM(tiny_llama_dir, kv_cache_memory=8 << 20, onednn=False).engine.model
     assert type(plain.layers[0].qkv) is Linear and plain.packed_head is None
     h = torch.randn(7, plain.cfg.hidden_size)
     torch.testing.assert_close(packed.compute_logits(h), plain.compute_logits(h), rtol=1e-5, atol=1e-4)

@@ -5,7 +5,7 @@ import torch
 
 from gpu_worker import LLM
 from gpu_worker.bench.quant_quality import agreement, forward_logits, teacher_forced_argmax
-from gpu_worker.model.quant import (
+from gpu_worker.model.quant.quantize import (
     Int4Linear, Int8Linear, int4_group_for, load_quantized, parse_method, quantize_model, save_quantized,
     weight_bytes,
 )
@@ -46,9 +46,9 @@ def test_tiny_model_quantized_keeps_greedy_choices_and_saves_memory(tiny_llama_d
 @pytest.mark.parametrize("cls, kwargs", [(Int8Linear, {}), (Int4Linear, {"group_size": 32})])
 def test_triton_and_cpu_forward_paths_agree(cls, kwargs):
     pytest.importorskip("triton")
-    from gpu_worker.model.calibration import LayerInputs
-    from gpu_worker.model.llama import Linear
-    from gpu_worker.model.quant import _quantize_linear
+    from gpu_worker.model.quant.calibration import LayerInputs
+    from gpu_worker.model.ops.base import Linear
+    from gpu_worker.model.quant.quantize import _quantize_linear
 
     torch.manual_seed(0)
     lin = Linear(48, 64, bias=True)
@@ -83,7 +83,7 @@ def test_activation_aware_scales_cut_the_output_error_on_unseen_rows():
     """Inputs with a few loud channels (as real activations have): scaling those channels
     before group-wise INT4 gives a smaller output error than plain quantization, on rows
     the search never saw."""
-    from gpu_worker.model.calibration import LayerInputs, search_input_scales
+    from gpu_worker.model.quant.calibration import LayerInputs, search_input_scales
     from kernels.quantize import dequantize_int4, quantize_int4
 
     torch.manual_seed(0)
@@ -127,7 +127,7 @@ def test_smollm2_int8_and_int4_agree_with_fp32():
 
 def test_calibration_text_without_a_chat_template():
     from gpu_worker.errors import InvalidRequestError
-    from gpu_worker.model.calibration import CONVERSATIONS, calibration_sequences
+    from gpu_worker.model.quant.calibration import CONVERSATIONS, calibration_sequences
 
     class PlainTokenizer:       # a base model's tokenizer: no chat template
         def apply_chat_template(self, messages):

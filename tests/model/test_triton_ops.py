@@ -17,18 +17,15 @@ def _prompts():
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_triton_ops_match_torch_ops_and_transformers(arch, tiny_llama_dir, tiny_qwen_dir, hf_reference,
-                                                     monkeypatch):
+def test_triton_ops_match_torch_ops_and_transformers(arch, tiny_llama_dir, tiny_qwen_dir, hf_reference):
     model_dir = tiny_llama_dir if arch == "llama" else tiny_qwen_dir
     ps = _prompts()
     params = SamplingParams(max_tokens=5, **GREEDY)
     # A 16-token budget forces chunked prefill (cached prefix) beside running decodes.
     opts = dict(kv_cache_memory=8 << 20, max_num_batched_tokens=16, block_size=8)
-    monkeypatch.setenv("FLEET_OPS", "triton")
-    llm = LLM(model_dir, **opts)
+    llm = LLM(model_dir, ops_backend="triton", **opts)
     assert llm.engine.model.ops.name == "triton"
     triton_out = [o.token_ids for o in llm.generate(ps, params)]
-    monkeypatch.setenv("FLEET_OPS", "torch")
-    torch_out = [o.token_ids for o in LLM(model_dir, **opts).generate(ps, params)]
+    torch_out = [o.token_ids for o in LLM(model_dir, ops_backend="torch", **opts).generate(ps, params)]
     assert triton_out == torch_out
     assert triton_out == [hf_reference(model_dir, p, 5) for p in ps]

@@ -7,8 +7,8 @@ saved with ``save_quantized`` under ``<cache>/quantized/`` keyed by the model fi
 for (the calibration text is cut to them) and the recipe version, so later
 starts load it in about a second, and a changed model or recipe is quantized afresh.
 Several workers starting at once each quantize and the first to finish publishes (an
-atomic rename). ``FLEET_QUANT_CACHE=0`` turns the cache off. INT8 and uncalibrated INT4 take
-well under a second and are not cached.
+atomic rename). ``EngineConfig.quant_cache`` off (``FLEET_QUANT_CACHE=0``) turns the cache off.
+INT8 and uncalibrated INT4 take well under a second and are not cached.
 """
 from __future__ import annotations
 
@@ -21,23 +21,25 @@ from pathlib import Path
 
 from torch import nn
 
-from gpu_worker.model.calibration import calibration_sequences
 from gpu_worker.model.default_model import cache_root
-from gpu_worker.model.quant import CHECKPOINT_META, load_quantized, parse_method, quantize_model, save_quantized
+from gpu_worker.model.quant.calibration import calibration_sequences
+from gpu_worker.model.quant.quantize import CHECKPOINT_META, load_quantized, parse_method, quantize_model, save_quantized
 
 logger = logging.getLogger(__name__)
 
 RECIPE = "int4-selfgen-awq-gptq-1"   # change whenever calibration or fitting changes its output
 
 
-def quantize_for_serving(model: nn.Module, spec: str, model_dir: Path | None, tokenizer) -> None:
+def quantize_for_serving(model: nn.Module, spec: str, model_dir: Path | None, tokenizer, *,
+                         cache: bool = True) -> None:
     """Quantize ``model`` in place as ``--quantization spec`` asks: INT4 calibrated with
-    ``tokenizer``'s text (from the cache when this model was quantized so before)."""
+    ``tokenizer``'s text (with ``cache``, read from the cache when this model was quantized
+    so before, else written there)."""
     method, _ = parse_method(spec)
     if method != "int4" or tokenizer is None:
         quantize_model(model, spec)
         return
-    path = cache_path(model, spec, model_dir)
+    path = cache_path(model, spec, model_dir) if cache else None
     if path is not None and (path / CHECKPOINT_META).exists():
         t0 = time.perf_counter()
         load_quantized(model, path)
@@ -52,7 +54,7 @@ def quantize_for_serving(model: nn.Module, spec: str, model_dir: Path | None, to
 
 def cache_path(model: nn.Module, spec: str, model_dir: Path | None) -> Path | None:
     """Where the calibrated checkpoint of this model, spec and dtype lives (None: no cache)."""
-    if model_dir is None or os.environ.get("FLEET_QUANT_CACHE", "1") == "0":
+    if model_dir is None:
         return None
     # The calibration text is cut to the model's positions (max_model_len): part of the key.
     h = hashlib.sha256(f"{RECIPE}|{spec}|{model.embed.dtype}|{model.cos_table.shape[0]}".encode())

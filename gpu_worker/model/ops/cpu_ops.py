@@ -1,17 +1,18 @@
 """The ``cpu`` ops backend: the C kernels of ``kernels/cpu`` for the glue between matmuls and
-for attention (decode rows and prefill chunks), the torch ops for everything else and wherever a kernel does not
-apply (its wrapper refuses a dtype other than float32 or a layout it does not take with a
-ValueError, and the op falls back). Chosen by default on the CPU when the kernels build
-(``gpu_worker/model/cpu_native.py``); ``FLEET_OPS=torch`` or ``FLEET_CPU_KERNELS=0`` keeps
-the pure-torch backend, the reference this one is tested against.
+for attention (decode rows and prefill chunks), the torch ops for everything else and wherever a
+kernel does not apply (its wrapper refuses a dtype other than float32 or a layout it does not
+take with a ValueError, and the op falls back). ``select_ops`` chooses it on the CPU when the
+kernels build (``cpu_native.py``) and ``EngineConfig.cpu_kernels`` is on; the pure-torch
+backend is the reference this one is tested against.
 """
 from __future__ import annotations
 
 import torch
 
-from gpu_worker.model import ops as torch_ops
 from gpu_worker.model.attention import cpu_paged_attention, plan_native_attention
-from gpu_worker.model.cpu_native import loaded_kernels
+from gpu_worker.model.ops import torch_ops
+from gpu_worker.model.ops.base import ModelOps
+from gpu_worker.model.ops.cpu_native import loaded_kernels
 
 
 def add_rms_norm(x, residual, weight, eps):
@@ -19,7 +20,7 @@ def add_rms_norm(x, residual, weight, eps):
     try:
         loaded_kernels().add_rms_norm(x, residual, weight, eps, out)
     except ValueError:
-        return torch_ops._torch_add_rms_norm(x, residual, weight, eps)
+        return torch_ops.add_rms_norm(x, residual, weight, eps)
     # The residual stream is owned by the forward pass (updated in place, as in torch_ops).
     return out, x if residual is None else residual
 
@@ -33,7 +34,7 @@ def rope(q, k, ctx):
     try:
         loaded_kernels().rope(q, k, positions, cos_table, sin_table)   # in place: q and k are this layer's own
     except ValueError:
-        return torch_ops._torch_rope(q, k, torch_ops._torch_prepare_rope(positions, cos_table, sin_table))
+        return torch_ops.rope(q, k, torch_ops.prepare_rope(positions, cos_table, sin_table))
     return q, k
 
 
@@ -42,9 +43,8 @@ def silu_and_mul(x):
     try:
         loaded_kernels().silu_and_mul(x, out)
     except ValueError:
-        return torch_ops._torch_silu_and_mul(x)
+        return torch_ops.silu_and_mul(x)
     return out
 
 
-CPU_OPS = torch_ops.ModelOps("cpu", add_rms_norm, prepare_rope, rope, silu_and_mul,
-                             plan_native_attention, cpu_paged_attention)
+CPU_OPS = ModelOps("cpu", add_rms_norm, prepare_rope, rope, silu_and_mul, plan_native_attention, cpu_paged_attention)

@@ -17,13 +17,13 @@ def run(args: argparse.Namespace) -> int:
     from gpu_worker.config import EngineConfig
     from gpu_worker.model.build import build_model
     from gpu_worker.model.loader import load_model_config, resolve_model_dir
-    from gpu_worker.model.quant_cache import cache_path
+    from gpu_worker.model.quant.cache import cache_path
     from gpu_worker.tokenizer import Tokenizer
 
     config = EngineConfig(model=args.model, device=args.device, dtype=args.dtype, quantization=args.quantization)
     model_dir = resolve_model_dir(config.model)
     cfg = load_model_config(model_dir)
     model = build_model(config, cfg, model_dir, cfg.max_position_embeddings, Tokenizer(model_dir))
-    path = cache_path(model, args.quantization, model_dir)
-    print(path if path is not None and path.exists() else "not cached (int8 and uncalibrated int4 need no cache)")
+    path = cache_path(model, args.quantization, model_dir) if config.quant_cache else None
+    print(path if path is not None and path.exists() else "not cached (the cache is off, or int8 / uncalibrated int4: no cache needed)")
     return 0

@@ -10,7 +10,7 @@ the speed).
 
 Results differ from ``F.linear`` by float32 rounding only (another summation order).
 Packing is chosen in one place, :func:`pack_for_cpu`, at load, for CPU float32 and bfloat16
-models that are not quantized. ``FLEET_ONEDNN=0`` turns it off.
+models that are not quantized; ``EngineConfig.onednn`` off (``FLEET_ONEDNN=0``) skips it.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import logging
 import torch
 from torch import nn
 
-from gpu_worker.config import switched_on
+from gpu_worker.model.ops.base import Linear
 
 logger = logging.getLogger(__name__)
 
@@ -27,9 +27,7 @@ PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def available() -> bool:
-    """oneDNN is built into this torch, exposes the ops, and ``FLEET_ONEDNN`` is not 0."""
-    if not switched_on("FLEET_ONEDNN"):
-        return False
+    """oneDNN is built into this torch and exposes the ops."""
     ops = torch.ops.mkldnn
     return (torch.backends.mkldnn.is_available() and hasattr(ops, "_reorder_linear_weight")
             and hasattr(ops, "_linear_pointwise"))
@@ -72,8 +70,6 @@ def pack_for_cpu(model: nn.Module) -> int:
     """Swap every dense ``Linear`` of a CPU float32/bfloat16 model for a :class:`PackedLinear`
     and give the model a packed LM head (``packed_head``); in place. Returns how many layers
     were packed: 0 when oneDNN is unavailable or the model is not on the CPU in such a dtype."""
-    from gpu_worker.model.llama import Linear
-
     head = getattr(model, "lm_head", None)
     probe = next((p for p in model.parameters() if p.numel()), None)
     if not available() or probe is None or probe.device.type != "cpu" or probe.dtype not in PACKABLE_DTYPES:

@@ -31,11 +31,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.quantize import dequantize_int4, quantize_int8
-from gpu_worker.model.calibration import LayerInputs, layer_inputs, search_input_scales
-from gpu_worker.model.gptq import gptq_int4
-from gpu_worker.model.int4_fit import QUICK, fit_int4
-from gpu_worker.model.llama import Linear
-from gpu_worker.model.onednn import PackedLinear
+from gpu_worker.model.ops.base import Linear
+from gpu_worker.model.ops.onednn import PackedLinear
+from gpu_worker.model.quant.calibration import LayerInputs, layer_inputs, search_input_scales
+from gpu_worker.model.quant.gptq import gptq_int4
+from gpu_worker.model.quant.int4_fit import QUICK, fit_int4
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ class Int8Linear(nn.Module):
 class Int4Linear(nn.Module):
     """y = (x / input_scale) @ dequant(packed, scales, mins).T (+ b); two 4-bit codes a byte.
     ``input_scale`` (per input feature) is present when the weights were quantized with
-    activation-aware scales (``gpu_worker/model/calibration.py``), else None."""
+    activation-aware scales (``calibration.py``), else None."""
 
     def __init__(self, out_features: int, in_features: int, bias: bool, use_triton: bool, group_size: int,
                  input_scaled: bool = False) -> None:

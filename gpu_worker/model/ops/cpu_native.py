@@ -1,11 +1,10 @@
 """The C kernels of ``kernels/cpu`` for this process: built once into the user cache, on the
-first CPU model (``FLEET_CPU_KERNELS=0`` keeps the torch path everywhere)."""
+first CPU model that asks for them (``select_ops``; ``EngineConfig.cpu_kernels`` off asks for none)."""
 from __future__ import annotations
 
 import logging
 import threading
 
-from gpu_worker.config import switched_on
 from gpu_worker.model.default_model import cache_root
 
 logger = logging.getLogger(__name__)
@@ -15,16 +14,9 @@ _loaded = False
 _kernels = None
 
 
-def cpu_kernels():
-    """The loaded :class:`kernels.cpu.CpuKernels`, or None (switched off, or no compiler).
-    Decides whether the ``cpu`` ops backend is chosen (``ops.select_ops``)."""
-    return loaded_kernels() if switched_on("FLEET_CPU_KERNELS") else None
-
-
 def loaded_kernels():
-    """The kernels, built and loaded on first call; None without a compiler. The ``cpu``
-    backend's ops call this: once a model has that backend, a later change of
-    ``FLEET_CPU_KERNELS`` does not pull its kernels away mid-run."""
+    """The kernels, built and loaded on first call; None without a compiler. One copy per
+    process: every model with the ``cpu`` backend shares it."""
     global _loaded, _kernels
     if not _loaded:
         with _lock:

@@ -7,7 +7,7 @@ over the rest. Nothing here reads device data on the host, so a decode step buil
 :class:`TritonAttentionPlan` of static tensors can be captured in a CUDA graph.
 
 On CPU tensors this runs only under ``TRITON_INTERPRET=1`` (tests); ``select_ops`` never picks
-it there unless ``FLEET_OPS=triton`` asks.
+it there unless ``EngineConfig.ops_backend`` is ``triton``.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 import kernels
-from gpu_worker.model.ops import ModelOps
+from gpu_worker.model.ops.base import ModelOps
 
 
 @dataclass(frozen=True)

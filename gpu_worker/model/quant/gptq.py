@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from gpu_worker.model.int4_fit import QUICK, fit_int4
+from gpu_worker.model.quant.int4_fit import QUICK, fit_int4
 from kernels.quantize import INT4_MAX_CODE
 
 DAMP = 0.1      # added to H's diagonal, as a fraction of its mean (measured best on SmolLM2 of 0.01 / 0.1)
