@@ -19,8 +19,8 @@ from torch import nn
 
 from gpu_worker.model.config import ModelConfig
 from gpu_worker.model.llama import LlamaForCausalLM
-from gpu_worker.model.ops.onednn import pack_for_cpu
-from gpu_worker.model.ops.base import ModelOps
+from gpu_worker.model.onednn import pack_for_cpu
+from gpu_worker.model.ops import ModelOps
 
 _LAYER_KEY = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 
@@ -54,20 +54,9 @@ class StageSpec:
         return self.rank == self.num_stages - 1
 
 
-def _stage_state(state: dict[str, torch.Tensor], spec: StageSpec) -> dict[str, torch.Tensor]:
-    """Keep the stage's layers (renumbered from 0) and the non-layer weights."""
-    out = {}
-    for name, tensor in state.items():
-        m = _LAYER_KEY.match(name)
-        if m is None:
-            out[name] = tensor
-        elif spec.start <= int(m.group(1)) < spec.end:
-            out[f"model.layers.{int(m.group(1)) - spec.start}.{m.group(2)}"] = tensor
-    return out
-
-
-def _load_needed(model_dir: Path, spec: StageSpec) -> dict[str, torch.Tensor]:
-    """Only this stage's tensors are read from the safetensors files."""
+def _load_stage_state(model_dir: Path, spec: StageSpec) -> dict[str, torch.Tensor]:
+    """The non-layer weights and the stage's layers (renumbered from 0); nothing else is
+    read from the safetensors files."""
     from safetensors import safe_open
 
     state = {}
@@ -75,8 +64,10 @@ def _load_needed(model_dir: Path, spec: StageSpec) -> dict[str, torch.Tensor]:
         with safe_open(str(f), framework="pt") as handle:
             for name in handle.keys():
                 m = _LAYER_KEY.match(name)
-                if m is None or spec.start <= int(m.group(1)) < spec.end:
+                if m is None:
                     state[name] = handle.get_tensor(name)
+                elif spec.start <= int(m.group(1)) < spec.end:
+                    state[f"model.layers.{int(m.group(1)) - spec.start}.{m.group(2)}"] = handle.get_tensor(name)
     return state
 
 
@@ -84,7 +75,7 @@ def build_stage_model(model_dir: Path, cfg: ModelConfig, spec: StageSpec, ops: M
                       max_positions: int, device: torch.device) -> LlamaForCausalLM:
     stage_cfg = dataclasses.replace(cfg, num_layers=spec.end - spec.start)
     model = LlamaForCausalLM(stage_cfg, ops, max_positions=max_positions)
-    model.load_hf_state_dict(_stage_state(_load_needed(model_dir, spec), spec))
+    model.load_hf_state_dict(_load_stage_state(model_dir, spec))
     unused = nn.Parameter(torch.empty(0), requires_grad=False)
     if not spec.is_last:
         model.norm = unused
