@@ -23,7 +23,7 @@ async def _first_subscribe_then_restart(server: RedisServer) -> None:
     assert not subs._reader.done()
     queue = await asyncio.wait_for(subs.subscribe("fleet:req:{default/two}:events"), 15)
     await client.publish("fleet:req:{default/two}:events", b"hello")
-    while (item := await asyncio.wait_for(queue.get(), 5)) != b"hello":
+    while await asyncio.wait_for(queue.get(), 5) != b"hello":
         pass  # RECONNECTED markers may come first
     await subs.close()
     await client.aclose()
