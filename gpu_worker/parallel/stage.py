@@ -19,8 +19,8 @@ from torch import nn
 
 from gpu_worker.model.config import ModelConfig
 from gpu_worker.model.llama import LlamaForCausalLM
-from gpu_worker.model.onednn import pack_for_cpu
-from gpu_worker.model.ops import ModelOps
+from gpu_worker.model.ops.onednn import pack_for_cpu
+from gpu_worker.model.ops.base import ModelOps
 
 _LAYER_KEY = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 
