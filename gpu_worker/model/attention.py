@@ -12,6 +12,7 @@ which reads the paged context in place (``fleet bench cpu-attention`` compares b
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -26,7 +27,7 @@ BUCKET_GROWTH = 1.5
 
 @dataclass(frozen=True)
 class AttentionMetadata:
-    """Batch layout shared by every attention backend (built by the model runner)."""
+    """Batch layout shared by every attention backend (made by :func:`build_attention_metadata`)."""
 
     slot_mapping: torch.Tensor      # [num_tokens] int64
     block_tables: torch.Tensor      # [num_seqs, max_blocks_per_seq] int64
@@ -34,6 +35,23 @@ class AttentionMetadata:
     query_lens: list[int]           # per sequence: new tokens this step
     num_decodes: int                # the first num_decodes sequences have query_len == 1
     block_size: int
+
+
+def build_attention_metadata(block_tables: Sequence[Sequence[int]], seq_lens: list[int], query_lens: list[int],
+                             block_size: int, device: torch.device) -> AttentionMetadata:
+    """The one way a batch's metadata is made. Sequence ``i`` feeds positions
+    ``[seq_lens[i] - query_lens[i], seq_lens[i])`` into the slots its block table gives them;
+    each table must cover its sequence. Callers put single-token rows first: the leading run
+    of them is the decode section (a later single-token row is just a short prefill chunk)."""
+    bs = block_size
+    slots = [table[p // bs] * bs + p % bs for table, end, n in zip(block_tables, seq_lens, query_lens)
+             for p in range(end - n, end)]
+    used = [list(table[:-(-end // bs)]) for table, end in zip(block_tables, seq_lens)]
+    width = max(map(len, used))
+    tables = torch.tensor([t + [0] * (width - len(t)) for t in used], dtype=torch.long)
+    num_decodes = next((i for i, n in enumerate(query_lens) if n != 1), len(query_lens))
+    return AttentionMetadata(torch.tensor(slots, dtype=torch.long, device=device), tables.to(device),
+                             list(seq_lens), list(query_lens), num_decodes, bs)
 
 
 @dataclass(frozen=True)

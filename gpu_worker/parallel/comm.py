@@ -1,7 +1,8 @@
 """Point-to-point messages between pipeline stages (torch.distributed send/recv).
 
 A micro-batch travels down the pipeline as three messages: a fixed-size header, one int64
-tensor with the batch layout, and the activations ``[2, num_tokens, hidden]`` (hidden
+tensor with the batch layout (each stage rebuilds the attention metadata from it with
+``build_attention_metadata``), and the activations ``[2, num_tokens, hidden]`` (hidden
 states and residual). The last stage returns the logits of the sampled rows to rank 0.
 Messages on one link arrive in the order they were sent; logits carry the micro-batch's
 virtual-engine index as their tag, so rank 0 can wait for them in any order.
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from gpu_worker.model.attention import AttentionMetadata
+from gpu_worker.model.attention import AttentionMetadata, build_attention_metadata
 
 HEADER_LEN = 8
 CMD_STOP, CMD_RUN = 0, 1
@@ -38,7 +39,7 @@ def send_batch(dst: int, engine: int, positions: torch.Tensor, meta: AttentionMe
     num_seqs, max_blocks = meta.block_tables.shape
     header = torch.tensor([CMD_RUN, engine, positions.shape[0], num_seqs, max_blocks, meta.num_decodes,
                            logit_rows.shape[0], meta.block_size], dtype=torch.int64, device=dev)
-    ints = torch.cat([positions.to(dev), meta.slot_mapping.to(dev), meta.block_tables.reshape(-1).to(dev),
+    ints = torch.cat([positions.to(dev), meta.block_tables.reshape(-1).to(dev),
                       torch.tensor(meta.seq_lens + meta.query_lens, dtype=torch.int64, device=dev),
                       logit_rows.to(dev)])
     acts = torch.stack([x, residual])
@@ -57,16 +58,15 @@ def recv_batch(src: int, hidden: int, dtype: torch.dtype, device: torch.device) 
     cmd, engine, num_tokens, num_seqs, max_blocks, num_decodes, num_rows, block_size = header.tolist()
     if cmd == CMD_STOP:
         return None
-    ints = torch.empty(2 * num_tokens + num_seqs * max_blocks + 2 * num_seqs + num_rows,
-                       dtype=torch.int64, device=device)
+    ints = torch.empty(num_tokens + num_seqs * max_blocks + 2 * num_seqs + num_rows, dtype=torch.int64, device=device)
     dist.recv(ints, src)
     acts = torch.empty(2, num_tokens, hidden, dtype=dtype, device=device)
     dist.recv(acts, src)
-    positions, slots, tables, lens, rows = ints.split(
-        [num_tokens, num_tokens, num_seqs * max_blocks, 2 * num_seqs, num_rows])
+    positions, tables, lens, rows = ints.split([num_tokens, num_seqs * max_blocks, 2 * num_seqs, num_rows])
     lens = lens.tolist()
-    meta = AttentionMetadata(slots, tables.view(num_seqs, max_blocks), lens[:num_seqs], lens[num_seqs:],
-                             num_decodes, block_size)
+    meta = build_attention_metadata(tables.view(num_seqs, max_blocks).tolist(), lens[:num_seqs], lens[num_seqs:],
+                                    block_size, device)
+    assert meta.num_decodes == num_decodes, "the stages disagree on the batch layout"
     return StageBatch(engine, positions, meta, rows, acts)
 
 
