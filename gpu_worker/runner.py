@@ -6,21 +6,24 @@ rows follow. Logits are computed only at positions that produce a token.
 """
 from __future__ import annotations
 
-import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
+from typing import TYPE_CHECKING
 
 import torch
 
 from gpu_worker.cpu_tuning import zeros_on_huge_pages
-from gpu_worker.model.attention import AttentionMetadata
-from gpu_worker.model.llama import LlamaForCausalLM
+from gpu_worker.model.attention import AttentionMetadata, build_attention_metadata
+from gpu_worker.model.config import ModelConfig
+from gpu_worker.model.llama import KVCache, LlamaForCausalLM
 from gpu_worker.outputs import TokenLogprob
 from gpu_worker.rejection_sampler import verify_drafts
 from gpu_worker.sampler import Sampler, SamplingRow
 from gpu_worker.scheduler import ScheduledRequest, SchedulerOutput
 
-logger = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from gpu_worker.model.cuda_graphs import DecodeGraphs
 
 
 @dataclass
@@ -38,45 +41,52 @@ class RunnerOutput:
 
 @dataclass
 class _Batch:
-    order: list[ScheduledRequest]
     input_ids: torch.Tensor         # [num_tokens]
     positions: torch.Tensor         # [num_tokens]
     meta: AttentionMetadata
     logits_rows: list[tuple[ScheduledRequest, int, int]]   # (req, first row, num rows) in logits
+    logits_index: torch.Tensor      # [num_logits_rows] int64: the rows of the batch that sample
+
+
+def allocate_kv_caches(cfg: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
+                       device: torch.device) -> list[KVCache]:
+    """One (K, V) pair per layer, each [num_blocks, block_size, num_kv_heads, head_dim]."""
+    shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+    # Zeroed, not empty: masked-out slots still flow through attention (as 0 * value).
+    zeros = zeros_on_huge_pages if device.type == "cpu" else partial(torch.zeros, device=device)
+    return [(zeros(shape, dtype=dtype), zeros(shape, dtype=dtype)) for _ in range(cfg.num_layers)]
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaForCausalLM, num_blocks: int, block_size: int, *,
-                 dtype: torch.dtype = torch.float32, seed: int = 0,
-                 device: torch.device = torch.device("cpu")) -> None:
-        cfg = model.cfg
-        self.model, self.block_size, self.device = model, block_size, device
-        shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
-        # Zeroed, not empty: masked-out slots still flow through attention (as 0 * value).
-        zeros = zeros_on_huge_pages if device.type == "cpu" else partial(torch.zeros, device=device)
-        self.kv_caches = [(zeros(shape, dtype=dtype), zeros(shape, dtype=dtype)) for _ in range(cfg.num_layers)]
+    """Built whole, never rewired: the model, its KV caches, optional decode graphs (used
+    for steps they can run) and an optional ``observe(input_ids, positions, plan)`` that
+    must see every batch (a draft model keeping its own KV cache in step; such a runner
+    takes no graphs, which produce no plan)."""
+
+    def __init__(self, model: LlamaForCausalLM, kv_caches: list[KVCache], block_size: int, *, seed: int = 0,
+                 graphs: DecodeGraphs | None = None, observe: Callable | None = None) -> None:
+        if graphs is not None and observe is not None:
+            raise ValueError("graph steps make no attention plan to observe")
+        self.model, self.kv_caches, self.block_size = model, kv_caches, block_size
+        self.device = kv_caches[0][0].device
         self.sampler = Sampler(seed)
-        self.drafter = None     # a model drafter that must see every target batch (set by the engine)
-        self.graphs = None      # CUDA graphs for pure-decode steps (set by the engine on CUDA)
+        self.graphs, self.observe = graphs, observe
 
     def execute(self, sched: SchedulerOutput) -> RunnerOutput:
         out = RunnerOutput()
         if not sched.scheduled:
             return out
         batch = self.prepare(sched)
-        plan = None
-        if self.graphs is not None and self.drafter is None and self.graphs.can_run(batch.meta):
+        if self.graphs is not None and self.graphs.can_run(batch.meta):
             hidden = self.graphs.run(batch.input_ids, batch.positions, batch.meta)
         else:
             plan = self.model.ops.plan_attention(batch.meta)
             hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, plan)
-        if self.drafter is not None:
-            self.drafter.observe(batch.input_ids, batch.positions, plan)
+            if self.observe is not None:
+                self.observe(batch.input_ids, batch.positions, plan)
         if not batch.logits_rows:
             return out
-        index = torch.tensor([row for _, first, n in batch.logits_rows for row in range(first, first + n)],
-                             device=self.device)
-        logits = self.model.compute_logits(hidden.index_select(0, index)).cpu()
+        logits = self.model.compute_logits(hidden.index_select(0, batch.logits_index)).cpu()
         self.sample(batch, logits, out)
         return out
 
@@ -84,38 +94,29 @@ class ModelRunner:
         """Flat batch tensors and attention metadata for one step."""
         decodes = sorted((s for s in sched.scheduled if s.num_new_tokens == 1 and not s.num_spec_tokens),
                          key=lambda s: s.request.num_computed_tokens)
-        others = [s for s in sched.scheduled if s.num_new_tokens != 1 or s.num_spec_tokens]
-        order = decodes + others
-        bs = self.block_size
+        order = decodes + [s for s in sched.scheduled if s.num_new_tokens != 1 or s.num_spec_tokens]
         ids: list[int] = []
         pos: list[int] = []
-        slots: list[int] = []
-        seq_lens, query_lens, logits_rows = [], [], []
+        logits_rows = []
         for s in order:
             req, start, n = s.request, s.request.num_computed_tokens, s.num_new_tokens
             tokens = req.token_ids + req.spec_token_ids if s.num_spec_tokens else req.token_ids
             ids.extend(tokens[start:start + n])
-            positions = range(start, start + n)
-            pos.extend(positions)
-            table = s.block_ids
-            slots.extend(table[p // bs] * bs + p % bs for p in positions)
-            end = start + n
-            if end >= req.num_tokens:   # the chunk reaches the last real token: sample
-                num_rows = end - req.num_tokens + 1
+            pos.extend(range(start, start + n))
+            if start + n >= req.num_tokens:   # the chunk reaches the last real token: sample
+                num_rows = start + n - req.num_tokens + 1
                 logits_rows.append((s, len(ids) - num_rows, num_rows))
-            seq_lens.append(end)
-            query_lens.append(n)
-        max_blocks = max(len(s.block_ids) for s in order)
-        tables = torch.zeros(len(order), max_blocks, dtype=torch.long)
-        for i, s in enumerate(order):
-            tables[i, :len(s.block_ids)] = torch.tensor(s.block_ids)
+        meta = build_attention_metadata([s.block_ids for s in order],
+                                        [s.request.num_computed_tokens + s.num_new_tokens for s in order],
+                                        [s.num_new_tokens for s in order], self.block_size, self.device)
+        index = [row for _, first, n in logits_rows for row in range(first, first + n)]
         dev = self.device
-        meta = AttentionMetadata(torch.tensor(slots, device=dev), tables.to(dev), seq_lens, query_lens,
-                                 len(decodes), bs)
-        return _Batch(order, torch.tensor(ids, device=dev), torch.tensor(pos, device=dev), meta, logits_rows)
+        return _Batch(torch.tensor(ids, device=dev), torch.tensor(pos, device=dev), meta, logits_rows,
+                      torch.tensor(index, dtype=torch.long, device=dev))
 
     def sample(self, batch: _Batch, logits: torch.Tensor, out: RunnerOutput) -> None:
-        """Sample (or verify drafts) at every logits row of the batch into ``out``."""
+        """Sample (or verify drafts) at every logits row of the batch into ``out``.
+        logits: [num_logits_rows, vocab] float32 on the CPU."""
         rows: list[SamplingRow] = []
         for s, _, n in batch.logits_rows:
             req = s.request
@@ -123,8 +124,7 @@ class ModelRunner:
                 outputs = req.output_token_ids + req.spec_token_ids[:j]
                 rows.append(SamplingRow(req.params, req.num_tokens + j, req.prompt_token_ids,
                                         outputs, req.eos_token_ids))
-        plain = all(n == 1 for _, _, n in batch.logits_rows)
-        if plain:
+        if all(n == 1 for _, _, n in batch.logits_rows):   # no drafts to verify
             token_ids, logprobs = self.sampler.sample(logits, rows)
             for k, (s, _, _) in enumerate(batch.logits_rows):
                 out.sampled[s.request.request_id] = [token_ids[k]]

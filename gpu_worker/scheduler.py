@@ -1,20 +1,31 @@
 """Continuous batching with one token budget per step (pure Python, no torch).
 
-There are no prefill and decode phases: every scheduled request catches its
-``num_computed_tokens`` up towards its token count (plus draft tokens). A long prompt
-is prefilled in chunks beside running decodes; a prefix-cache hit just starts the count
-higher. When blocks run out, the lowest-priority, newest running request is preempted
-(its blocks freed, to be recomputed later).
+No prefill and decode phases: every scheduled request catches ``num_computed_tokens`` up
+towards its token count (plus drafts), so long prompts are prefilled in chunks beside
+decodes and a prefix-cache hit just starts the count higher. When blocks run out, the
+lowest-priority, newest running request is preempted (blocks freed, recomputed later).
+Only the scheduler moves a request's counters and allocates its blocks: ``schedule()``
+(lookahead slots for a model drafter included), ``update_from_output()``, ``set_drafts()``;
+``fail()``/``abort()`` end a request early, reported by the next ``update_from_output()``.
 """
 from __future__ import annotations
 
 import bisect
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+from gpu_worker.errors import INTERNAL, InvalidRequestError
 from gpu_worker.kv_cache import KVCacheManager
+from gpu_worker.outputs import RequestDelta
 from gpu_worker.request import Request, Status
+from gpu_worker.stop import check_stop
+
+if TYPE_CHECKING:
+    from gpu_worker.runner import RunnerOutput
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +42,6 @@ class ScheduledRequest:
 class SchedulerOutput:
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     num_batched_tokens: int = 0
-    num_preempted: int = 0
 
 
 def _order(req: Request) -> tuple[int, float]:
@@ -39,18 +49,25 @@ def _order(req: Request) -> tuple[int, float]:
 
 
 class Scheduler:
-    def __init__(self, kv: KVCacheManager, *, max_num_batched_tokens: int, max_num_seqs: int) -> None:
+    def __init__(self, kv: KVCacheManager, *, max_num_batched_tokens: int, max_num_seqs: int,
+                 num_lookahead_tokens: int = 0) -> None:
+        """``num_lookahead_tokens``: KV slots past a decoding request's next token that a
+        model drafter writes its drafts' K/V into (0 for drafters without a model)."""
         self.kv = kv
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
+        self.num_lookahead_tokens = num_lookahead_tokens
         self.requests: dict[str, Request] = {}
         self.waiting: list[Request] = []      # sorted by (priority, arrival)
         self.running: list[Request] = []
-        self.finished: list[Request] = []     # aborted, timed out or failed: apply_step reports them
+        self.finished: list[Request] = []     # ended outside a step: the next update reports them
         self.num_preemptions = 0
 
     # -- queue management -------------------------------------------------------------
     def add_request(self, req: Request) -> None:
+        """Queue a request; a request id already here raises :class:`InvalidRequestError`."""
+        if req.request_id in self.requests:
+            raise InvalidRequestError("duplicate_request_id", f"request {req.request_id!r} is already running")
         self.requests[req.request_id] = req
         self._enqueue(req)
 
@@ -73,7 +90,7 @@ class Scheduler:
 
     def fail(self, req: Request, code: str, message: str) -> None:
         """End a request on an error of its own (blocks freed, even if it had just finished
-        otherwise); the next ``apply_step`` reports it with ``finish_reason="error"``."""
+        otherwise); the next update reports it with ``finish_reason="error"``."""
         self.finish(req, "error")
         req.finish_reason, req.stop_reason = "error", None
         req.error_code, req.error_message = code, message
@@ -81,12 +98,12 @@ class Scheduler:
         logger.warning("request %s failed: %s: %s", req.request_id, code, message)
 
     def abort(self, request_id: str, reason: str) -> bool:
+        """End a request now, if it is here; the next update reports it."""
         req = self.requests.get(request_id)
-        if req is None:
-            return False
-        self.finish(req, reason)
-        self.finished.append(req)
-        return True
+        if req is not None:
+            self.finish(req, reason)
+            self.finished.append(req)
+        return req is not None
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running or self.finished)
@@ -94,17 +111,16 @@ class Scheduler:
     # -- admission -----------------------------------------------------------------
     def reserved_blocks(self) -> int:
         """Blocks the requests already accepted may still claim until they finish."""
-        total = 0
-        for req in self.requests.values():
-            need = self.kv.blocks_for(req.num_prompt_tokens + req.max_output_tokens)
-            total += max(0, need - self.kv.num_blocks_of(req.request_id))
-        return total
+        kv = self.kv
+        return sum(max(0, kv.blocks_for(r.num_prompt_tokens + r.max_output_tokens) - kv.num_blocks_of(r.request_id))
+                   for r in self.requests.values())
 
     def can_admit(self, num_tokens: int) -> bool:
         return self.kv.blocks_for(num_tokens) <= self.kv.num_free_blocks - self.reserved_blocks()
 
     # -- the step ------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
+        """This step's requests and token counts, their blocks allocated (preempting if need be)."""
         self._expire_deadlines()
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
@@ -125,12 +141,20 @@ class Scheduler:
         if not preempted:
             budget = self._admit_waiting(out, budget)
         out.num_batched_tokens = self.max_num_batched_tokens - budget
-        out.num_preempted = sum(1 for r in self.waiting if r.status is Status.PREEMPTED)
         return out
+
+    def _slots_needed(self, req: Request, num_computed: int, num_new: int) -> int:
+        """Slots for this step's tokens, plus the drafter's lookahead when the step brings the
+        request to decoding (never past the most tokens it can have: admission counted those)."""
+        end = num_computed + num_new
+        if not self.num_lookahead_tokens or not req.params.speculative or end < req.num_tokens:
+            return end
+        return max(end, min(end + self.num_lookahead_tokens, req.num_prompt_tokens + req.max_output_tokens))
 
     def _allocate_or_preempt(self, req: Request, num_new: int) -> list[int] | None:
         while True:
-            block_ids = self.kv.allocate_slots(req.request_id, req.num_computed_tokens + num_new)
+            block_ids = self.kv.allocate_slots(
+                req.request_id, self._slots_needed(req, req.num_computed_tokens, num_new))
             if block_ids is not None:
                 return block_ids
             victim = self.running[-1]   # sorted: lowest priority, newest last
@@ -153,7 +177,7 @@ class Scheduler:
             req = self.waiting[0]
             hits, num_cached = self.kv.get_computed_blocks(req.token_ids)
             num_new = min(req.num_tokens - num_cached, budget)
-            block_ids = self.kv.allocate_slots(req.request_id, num_cached + num_new, hits)
+            block_ids = self.kv.allocate_slots(req.request_id, self._slots_needed(req, num_cached, num_new), hits)
             if block_ids is None:
                 break
             self.waiting.pop(0)
@@ -171,3 +195,73 @@ class Scheduler:
         for req in [r for r in self.requests.values() if r.deadline is not None and r.deadline <= now]:
             self.finish(req, "timeout")
             self.finished.append(req)
+
+    # -- after the step ------------------------------------------------------------
+    def update_from_output(self, sched_out: SchedulerOutput, run_out: RunnerOutput) -> list[RequestDelta]:
+        """Apply one step's sampled tokens: advance the computed counts, roll back rejected
+        drafts, register full blocks for prefix caching, end requests that stop. Returns a
+        delta per request that produced tokens or ended (also those ended since the last
+        call). A request whose update raises fails alone; the other deltas still come."""
+        deltas: list[RequestDelta] = []
+        for s in sched_out.scheduled:
+            if s.request.is_finished:       # aborted, or failed while the step ran
+                continue
+            try:
+                delta = self._update_one(s, run_out)
+            except Exception as exc:
+                logger.exception("updating %s failed", s.request.request_id)
+                self.fail(s.request, INTERNAL, f"postprocessing failed: {exc!r}")
+                continue
+            if delta is not None:
+                deltas.append(delta)
+        deltas += [req.take_delta([]) for req in self.finished]
+        self.finished = []
+        return deltas
+
+    def _update_one(self, s: ScheduledRequest, run_out: RunnerOutput) -> RequestDelta | None:
+        req, rid = s.request, s.request.request_id
+        sampled = run_out.sampled.get(rid)
+        # Drafts beyond the accepted ones were computed into KV slots: roll them back.
+        num_rejected = s.num_spec_tokens - (len(sampled) - 1 if sampled else 0)
+        req.num_computed_tokens += s.num_new_tokens - num_rejected
+        req.spec_token_ids = []
+        if num_rejected:
+            self.kv.trim(rid, self._slots_needed(req, req.num_computed_tokens, 1))
+        if not sampled:                     # a prefill chunk that did not reach the end
+            self.kv.cache_computed(rid, req.token_ids, req.num_computed_tokens)
+            return None
+        new_tokens, ended = [], None
+        for tok in sampled:
+            req.append_output(tok)
+            new_tokens.append(tok)
+            stop_string = req.detokenizer.push([tok], check_stop=req.num_output_tokens >= req.params.min_tokens)
+            if (ended := check_stop(req, tok, stop_string)) is not None:
+                break
+        # After appending: accepted drafts are computed tokens that only now have ids.
+        self.kv.cache_computed(rid, req.token_ids, min(req.num_computed_tokens, req.num_tokens))
+        if ended is not None:
+            self.finish(req, *ended)
+        logprobs = run_out.logprobs.get(rid)
+        return req.take_delta(new_tokens, logprobs[:len(new_tokens)] if logprobs is not None else None)
+
+    def decoding(self) -> list[tuple[Request, list[int]]]:
+        """Running requests whose next step feeds one token (they may draft), each with its
+        block table (lookahead slots included)."""
+        return [(r, self.kv.block_ids(r.request_id)) for r in self.running if r.is_decoding]
+
+    def set_drafts(self, drafts: dict[str, list[int]]) -> None:
+        """Take drafts for the next step. Drafts of requests no longer decoding are dropped,
+        and none go past a request's output budget (the bonus token needs the last slot)."""
+        for rid, draft in drafts.items():
+            if (req := self.requests.get(rid)) is not None and req.is_decoding:
+                req.spec_token_ids = list(draft[:req.max_num_drafts])
+
+    @contextmanager
+    def scratch_step(self, req: Request) -> Iterator[SchedulerOutput | None]:
+        """A one-token step of ``req`` (never queued) in a scratch block freed afterwards;
+        None when no block is free."""
+        block_ids = self.kv.allocate_slots(req.request_id, 1)
+        try:
+            yield None if block_ids is None else SchedulerOutput([ScheduledRequest(req, 1, 0, block_ids)], 1)
+        finally:
+            self.kv.free(req.request_id)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing as mp
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -45,7 +45,6 @@ class PipelineOptions:
 class _Engine:
     scheduler: object
     runner: object
-    requests: list[str] = field(default_factory=list)
 
 
 def _stage_devices(opts: PipelineOptions) -> list[str]:
@@ -128,13 +127,12 @@ def _serve(model_dir: str, opts: PipelineOptions, device: torch.device, rank: in
     logits to rank 0), until told to stop."""
     from gpu_worker.parallel import comm
     from gpu_worker.parallel.stage import run_stage
-    from gpu_worker.runner import ModelRunner
+    from gpu_worker.runner import allocate_kv_caches
 
     _, cfg, spec, model, _ = _setup(model_dir, opts, device, rank)
-    num_engines = opts.num_microbatches or opts.num_stages
-    caches = [ModelRunner(model, opts.num_blocks, opts.block_size, device=device).kv_caches
-              for _ in range(num_engines)]
     dtype = model.layers[0].input_norm.dtype
+    caches = [allocate_kv_caches(model.cfg, opts.num_blocks, opts.block_size, torch.float32, device)
+              for _ in range(opts.num_microbatches or opts.num_stages)]
     while (batch := comm.recv_batch(rank - 1, cfg.hidden_size, dtype, device)) is not None:
         plan = model.ops.plan_attention(batch.meta)
         out = run_stage(model, spec, batch.acts[0], batch.acts[1], None, batch.positions,
@@ -151,28 +149,26 @@ def _serve(model_dir: str, opts: PipelineOptions, device: torch.device, rank: in
 
 
 def _drive(model_dir: str, opts: PipelineOptions, device: torch.device, prompts, plist) -> list[dict]:
-    from gpu_worker.detokenizer import IncrementalDetokenizer
     from gpu_worker.kv_cache import KVCacheManager
-    from gpu_worker.request import Request
-    from gpu_worker.runner import ModelRunner
+    from gpu_worker.request import RequestFactory
+    from gpu_worker.runner import ModelRunner, allocate_kv_caches
     from gpu_worker.scheduler import Scheduler
     from gpu_worker.tokenizer import Tokenizer
 
     path, cfg, spec, model, max_len = _setup(model_dir, opts, device, 0)
-    tokenizer = Tokenizer(path)
+    # The engine's own intake: bad input raises InvalidRequestError before anything runs.
+    factory = RequestFactory(Tokenizer(path), cfg.eos_token_ids, cfg.vocab_size, max_len,
+                             opts.num_blocks * opts.block_size)
+    requests = [factory.make(str(i), ids, p) for i, (ids, p) in enumerate(zip(prompts, plist))]
     engines = []
     for _ in range(opts.num_microbatches or opts.num_stages):
         kv = KVCacheManager(opts.num_blocks, opts.block_size)
+        caches = allocate_kv_caches(model.cfg, opts.num_blocks, opts.block_size, torch.float32, device)
         engines.append(_Engine(Scheduler(kv, max_num_batched_tokens=opts.max_num_batched_tokens,
                                          max_num_seqs=opts.max_num_seqs),
-                               ModelRunner(model, opts.num_blocks, opts.block_size, device=device)))
-    for i, (ids, p) in enumerate(zip(prompts, plist)):
-        p.validate(cfg.vocab_size)
-        req = Request(request_id=str(i), prompt_token_ids=list(ids), params=p,
-                      detokenizer=IncrementalDetokenizer(tokenizer, p.stop), eos_token_ids=cfg.eos_token_ids,
-                      max_total_tokens=max_len)
-        eng = engines[i % len(engines)]   # round robin keeps the micro-batches about equal
-        eng.scheduler.add_request(req)
+                               ModelRunner(model, caches, opts.block_size)))
+    for i, req in enumerate(requests):
+        engines[i % len(engines)].scheduler.add_request(req)   # round robin: micro-batches about equal
     outputs = {str(i): {"token_ids": [], "text": "", "finish_reason": None} for i in range(len(prompts))}
     _pipeline_loop(engines, model, spec, cfg, device, outputs)
     return [outputs[str(i)] for i in range(len(prompts))]
@@ -181,7 +177,6 @@ def _drive(model_dir: str, opts: PipelineOptions, device: torch.device, prompts,
 def _pipeline_loop(engines: list[_Engine], model, spec, cfg, device, outputs: dict) -> None:
     from gpu_worker.parallel import comm
     from gpu_worker.parallel.stage import run_stage
-    from gpu_worker.postprocess import apply_step
     from gpu_worker.runner import RunnerOutput
 
     last = spec.num_stages - 1
@@ -197,7 +192,7 @@ def _pipeline_loop(engines: list[_Engine], model, spec, cfg, device, outputs: di
                     eng.runner.sample(batch, recv[1].cpu(), run_out)
                 for work, _ in sends:
                     work.wait()
-                for delta in apply_step(eng.scheduler, sched_out, run_out):
+                for delta in eng.scheduler.update_from_output(sched_out, run_out):
                     out = outputs[delta.request_id]
                     out["token_ids"] += delta.new_token_ids
                     out["text"] += delta.new_text
@@ -209,8 +204,7 @@ def _pipeline_loop(engines: list[_Engine], model, spec, cfg, device, outputs: di
                 in_flight[v] = (sched_out, None, None, [])
                 continue
             batch = eng.runner.prepare(sched_out)
-            rows = torch.tensor([r for _, first, n in batch.logits_rows for r in range(first, first + n)],
-                                dtype=torch.int64, device=device)
+            rows = batch.logits_index     # [num_logits_rows]: what the last stage returns logits for
             x, residual = run_stage(model, spec, None, None, batch.input_ids, batch.positions,
                                     eng.runner.kv_caches, model.ops.plan_attention(batch.meta), None)
             sends = comm.send_batch(1, v, batch.positions, batch.meta, rows, x, residual)

@@ -14,11 +14,11 @@ logger = logging.getLogger(__name__)
 PROPOSERS = ("ngram", "draft", "self")
 
 
-def build_speculator(config: EngineConfig, model, runner, kv, num_blocks: int,
-                     tokenizer=None, model_dir=None) -> Speculator | None:
-    """``tokenizer`` (the target's) provides calibration text for an INT4 self-draft, cached
-    by ``model_dir``."""
-    kind = config.speculative
+def build_speculator(config: EngineConfig, model, kv_caches: list, tokenizer=None, model_dir=None) -> Speculator | None:
+    """The speculator ``config`` asks for (None without speculation), drafting over the
+    target ``model`` and its ``kv_caches``. ``tokenizer`` (the target's) provides
+    calibration text for an INT4 self-draft, cached by ``model_dir``."""
+    kind, bs = config.speculative, config.block_size
     if kind is None:
         return None
     if kind not in PROPOSERS:
@@ -28,17 +28,15 @@ def build_speculator(config: EngineConfig, model, runner, kv, num_blocks: int,
     if kind == "ngram":
         proposer = NgramProposer()
     elif kind == "self" and config.self_draft_quantization:
-        proposer = quantized_self_drafter(model, runner.kv_caches, config.self_draft_quantization,
-                                          config.block_size, runner.device, model_dir, tokenizer)
+        proposer = quantized_self_drafter(model, kv_caches, config.self_draft_quantization, bs, model_dir, tokenizer)
     elif kind == "self":
         layers = config.self_draft_layers or max(1, model.cfg.num_layers // 4)
-        proposer = early_exit_drafter(model, runner.kv_caches, layers, config.block_size, runner.device)
+        proposer = early_exit_drafter(model, kv_caches, layers, bs)
     else:
-        proposer = draft_model_drafter(_load_draft(config, model), num_blocks, config.block_size, runner.device)
-        runner.drafter = proposer
+        proposer = draft_model_drafter(_load_draft(config, model), kv_caches[0][0].shape[0], bs)
     logger.info("speculative decoding: %s, up to %d tokens, adaptive=%s", kind,
                 config.num_speculative_tokens, config.spec_adaptive)
-    return Speculator(proposer, kv, config.num_speculative_tokens, adaptive=config.spec_adaptive)
+    return Speculator(proposer, config.num_speculative_tokens, adaptive=config.spec_adaptive)
 
 
 def _load_draft(config: EngineConfig, target):

@@ -1,6 +1,6 @@
 """Model-based drafters: a separate small draft model, or the target's own first layers
 (early exit). Both draft greedily (so the draft distribution is one-hot and verification
-stays exact) over the target's block tables, using lookahead slots the target allocated.
+stays exact) over the target's block tables, into the lookahead slots the scheduler allocated.
 
 A separate draft model keeps its own paged KV cache with the target's block ids; it runs
 on every target batch (``observe``) so its cache always holds the same tokens. The early-
@@ -9,57 +9,50 @@ needs no observing.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
-from gpu_worker.model.attention import AttentionMetadata
+from gpu_worker.model.attention import build_attention_metadata
 from gpu_worker.model.llama import LlamaForCausalLM
+from gpu_worker.runner import allocate_kv_caches
+from gpu_worker.spec.speculator import DraftItem
 
 # (input_ids [n], positions [n], plan) -> logits [n, vocab]
 DraftForward = Callable[[torch.Tensor, torch.Tensor, object], torch.Tensor]
 
 
 class ModelDrafter:
+    """A :class:`~gpu_worker.spec.speculator.Proposer` drafting greedily with a model."""
+
     uses_model = True
 
     def __init__(self, name: str, model: LlamaForCausalLM, forward: DraftForward, block_size: int,
-                 device: torch.device, observe: Callable[[torch.Tensor, torch.Tensor, object], None] | None = None):
-        self.name, self.model, self._forward, self._observe = name, model, forward, observe
-        self.block_size, self.device = block_size, device
-
-    def observe(self, input_ids: torch.Tensor, positions: torch.Tensor, plan) -> None:
-        if self._observe is not None:
-            self._observe(input_ids, positions, plan)
+                 observe: Callable[[torch.Tensor, torch.Tensor, object], None] | None = None):
+        self.name, self.model, self._forward, self.observe = name, model, forward, observe
+        self.block_size, self.device = block_size, model.embed.device
 
     @torch.inference_mode()
-    def propose(self, items: list[tuple[object, int, list[int]]]) -> dict[str, list[int]]:
-        """items: (request, k, block ids covering position num_tokens - 2 + k). Runs up to
-        max(k) greedy draft steps; request j-th step feeds its previous token."""
-        bs = self.block_size
-        current = {req.request_id: req.token_ids[-1] for req, _, _ in items}
-        drafts: dict[str, list[int]] = {req.request_id: [] for req, _, _ in items}
-        for j in range(max((k for _, k, _ in items), default=0)):
-            active = sorted((it for it in items if it[1] > j), key=lambda it: it[0].num_tokens)
-            positions = [req.num_tokens - 1 + j for req, _, _ in active]
-            slots = [table[p // bs] * bs + p % bs for (_, _, table), p in zip(active, positions)]
-            width = max(len(t) for _, _, t in active)
-            tables = torch.zeros(len(active), width, dtype=torch.long)
-            for i, (_, _, table) in enumerate(active):
-                tables[i, :len(table)] = torch.tensor(table)
-            meta = AttentionMetadata(torch.tensor(slots, device=self.device), tables.to(self.device),
-                                     [p + 1 for p in positions], [1] * len(active), len(active), bs)
-            ids = torch.tensor([current[req.request_id] for req, _, _ in active], device=self.device)
+    def propose(self, items: list[DraftItem]) -> dict[str, list[int]]:
+        """Up to max(k) greedy draft steps; a request's j-th step feeds its previous token
+        at position num_tokens - 1 + j."""
+        current = {it.request.request_id: it.request.token_ids[-1] for it in items}
+        drafts: dict[str, list[int]] = {it.request.request_id: [] for it in items}
+        for j in range(max((it.k for it in items), default=0)):
+            active = sorted((it for it in items if it.k > j), key=lambda it: it.request.num_tokens)
+            positions = [it.request.num_tokens - 1 + j for it in active]
+            meta = build_attention_metadata([it.block_ids for it in active], [p + 1 for p in positions],
+                                            [1] * len(active), self.block_size, self.device)
+            ids = torch.tensor([current[it.request.request_id] for it in active], device=self.device)
             plan = self.model.ops.plan_attention(meta)
             logits = self._forward(ids, torch.tensor(positions, device=self.device), plan)
-            for (req, _, _), tok in zip(active, logits.argmax(dim=-1).tolist()):
-                drafts[req.request_id].append(tok)
-                current[req.request_id] = tok
+            for it, tok in zip(active, logits.argmax(dim=-1).tolist()):
+                drafts[it.request.request_id].append(tok)
+                current[it.request.request_id] = tok
         return drafts
 
 
-def early_exit_drafter(target: LlamaForCausalLM, kv_caches: list, num_layers: int, block_size: int,
-                       device: torch.device) -> ModelDrafter:
+def early_exit_drafter(target: LlamaForCausalLM, kv_caches: list, num_layers: int, block_size: int) -> ModelDrafter:
     """The target's first ``num_layers`` layers, then its final norm and head."""
     if not 0 < num_layers < target.cfg.num_layers:
         raise ValueError(f"self-draft layers must be in [1, {target.cfg.num_layers - 1}], got {num_layers}")
@@ -70,11 +63,11 @@ def early_exit_drafter(target: LlamaForCausalLM, kv_caches: list, num_layers: in
         h = target.ops.add_rms_norm(x, residual, target.norm, target.cfg.rms_norm_eps)[0]
         return target.compute_logits(h)
 
-    return ModelDrafter("self", target, forward, block_size, device)
+    return ModelDrafter("self", target, forward, block_size)
 
 
 def quantized_self_drafter(target: LlamaForCausalLM, kv_caches: list, method: str, block_size: int,
-                           device: torch.device, model_dir=None, tokenizer=None) -> ModelDrafter:
+                           model_dir=None, tokenizer=None) -> ModelDrafter:
     """The target's own weights, weight-only quantized (``int8``/``int4``), reading the
     target's KV cache as its context: no cache or catch-up pass of its own. Drafts are only
     proposals, so the small difference between quantized and exact keys costs acceptance,
@@ -92,15 +85,12 @@ def quantized_self_drafter(target: LlamaForCausalLM, kv_caches: list, method: st
     def forward(ids, positions, plan):
         return draft.compute_logits(draft(ids, positions, kv_caches, plan))
 
-    return ModelDrafter("self", draft, forward, block_size, device)
+    return ModelDrafter("self", draft, forward, block_size)
 
 
-def draft_model_drafter(draft: LlamaForCausalLM, num_blocks: int, block_size: int,
-                        device: torch.device) -> ModelDrafter:
+def draft_model_drafter(draft: LlamaForCausalLM, num_blocks: int, block_size: int) -> ModelDrafter:
     """A separate model with its own KV cache over the target's block ids."""
-    cfg = draft.cfg
-    shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
-    kv = [(torch.zeros(shape, device=device), torch.zeros(shape, device=device)) for _ in range(cfg.num_layers)]
+    kv = allocate_kv_caches(draft.cfg, num_blocks, block_size, draft.embed.dtype, draft.embed.device)
 
     def forward(ids, positions, plan):
         return draft.compute_logits(draft(ids, positions, kv, plan))
@@ -108,4 +98,4 @@ def draft_model_drafter(draft: LlamaForCausalLM, num_blocks: int, block_size: in
     def observe(ids, positions, plan):
         draft(ids, positions, kv, plan)
 
-    return ModelDrafter("draft", draft, forward, block_size, device, observe=observe)
+    return ModelDrafter("draft", draft, forward, block_size, observe=observe)

@@ -1,26 +1,53 @@
-"""Decides who drafts how much each step, runs the proposer, and keeps the counters."""
+"""Decides who drafts how much each step, runs the proposer (every one speaks
+:class:`Proposer`), and keeps the counters. It only proposes: the drafts go to
+``Scheduler.set_drafts``, and ``Scheduler.schedule`` allocated a model drafter's slots."""
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
 
-from gpu_worker.kv_cache import KVCacheManager
 from gpu_worker.request import Request
 from gpu_worker.spec.adaptive import AdaptiveDepth
 
 logger = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class DraftItem:
+    request: Request        # decoding: every token but its last is computed
+    k: int                  # drafts wanted, >= 1
+    block_ids: list[int]    # its block table, covering positions up to num_tokens - 2 + k
+
+
+class Proposer(Protocol):
+    """n-gram, draft model or self-draft. ``uses_model``: writes draft K/V into lookahead
+    slots (and is timed per token); ``observe``: None, or what the runner must call with
+    every target batch (input_ids, positions, plan). ``propose`` may raise."""
+
+    name: str
+    uses_model: bool
+    observe: Callable | None
+
+    def propose(self, items: list[DraftItem]) -> dict[str, list[int]]: ...
+
+
 class Speculator:
-    def __init__(self, proposer, kv: KVCacheManager, max_k: int, adaptive: bool = True) -> None:
-        self.proposer, self.kv = proposer, kv
-        self.name = proposer.name
+    def __init__(self, proposer: Proposer, max_k: int, adaptive: bool = True) -> None:
+        self.proposer, self.name = proposer, proposer.name
         self.depth = AdaptiveDepth(max_k)
         self.adaptive = adaptive
         self.max_k = max_k
         self.num_drafted = 0
         self.num_accepted = 0
         self.num_verifications = 0      # request-steps that verified at least one draft
+
+    @property
+    def num_lookahead_tokens(self) -> int:
+        """KV slots past the next token the scheduler must give each decoding request."""
+        return self.max_k if self.proposer.uses_model else 0
 
     def record(self, num_drafted: dict[str, int], num_accepted: dict[str, int]) -> None:
         for rid, drafted in num_drafted.items():
@@ -36,53 +63,44 @@ class Speculator:
     def forget(self, request_id: str) -> None:
         self.depth.forget(request_id)
 
-    def propose(self, running: list[Request], max_model_len: int) -> list[tuple[Request, Exception]]:
-        """Set ``spec_token_ids`` on decoding requests (never on ones still prefilling).
-        Returns the requests whose own proposal raised, for the caller to fail; a batched
-        model proposal that raises costs this step's drafts only (drafting is optional)."""
-        decoding = [r for r in running if r.num_computed_tokens == r.num_tokens - 1 and not r.is_finished]
+    def propose(self, decoding: list[tuple[Request, list[int]]]) -> tuple[dict[str, list[int]], list[tuple[Request, Exception]]]:
+        """Drafts for decoding requests (with their block tables), and the requests whose own
+        proposal raised, with the error, for the caller to fail. A proposal that raises is
+        retried one request at a time; when every request fails alone the drafter itself is
+        broken, and this step goes without drafts (drafting is optional)."""
         items = []
-        for req in decoding:
+        for req, block_ids in decoding:
             if not req.params.speculative:
                 continue
             k = self.depth.depth(req.request_id, len(decoding)) if self.adaptive else self.max_k
-            k = min(k, req.max_output_tokens - req.num_output_tokens - 1, max_model_len - req.num_tokens)
-            if k > 0:
-                items.append((req, k))
+            if (k := min(k, req.max_num_drafts)) > 0:
+                items.append(DraftItem(req, k, block_ids))
         if not items:
-            return []
+            return {}, []
         t0 = time.perf_counter()
-        failed: list[tuple[Request, Exception]] = []
-        if self.proposer.uses_model:
-            try:
-                drafts = self._propose_with_model(items)
-            except Exception:
-                logger.exception("draft model failed; this step goes on without drafts")
-                drafts = {}
-        else:
-            drafts = {}
-            for req, k in items:
-                try:
-                    drafts[req.request_id] = self.proposer.propose_one(req.token_ids, k)
-                except Exception as exc:
-                    failed.append((req, exc))
-        for req, _ in items:
-            req.spec_token_ids = drafts.get(req.request_id, [])
+        try:
+            drafts, failed = self.proposer.propose(items), []
+        except Exception:
+            logger.warning("drafting %d requests failed; retrying one by one", len(items), exc_info=True)
+            drafts, failed = self._propose_alone(items)
         total = sum(len(d) for d in drafts.values())
         if total and self.proposer.uses_model:
             per_token = (time.perf_counter() - t0) / total
             d = self.depth
             d.draft_seconds_per_token = 0.8 * d.draft_seconds_per_token + 0.2 * per_token if d.draft_seconds_per_token else per_token
-        return failed
+        return drafts, failed
 
-    def _propose_with_model(self, items: list[tuple[Request, int]]) -> dict[str, list[int]]:
-        ready = []
-        for req, k in items:
-            # Draft KV goes to positions num_tokens-1 .. num_tokens-2+k: make the table cover them.
-            table = self.kv.allocate_slots(req.request_id, req.num_tokens - 1 + k)
-            if table is not None:
-                ready.append((req, k, table))
-        return self.proposer.propose(ready)
+    def _propose_alone(self, items: list[DraftItem]) -> tuple[dict[str, list[int]], list[tuple[Request, Exception]]]:
+        drafts, failed = {}, []
+        for item in items:
+            try:
+                drafts.update(self.proposer.propose([item]))
+            except Exception as exc:  # noqa: BLE001 - pinned on this request, or on the drafter below
+                failed.append((item.request, exc))
+        if len(failed) == len(items):
+            logger.error("the drafter fails on every request (%r); this step goes without drafts", failed[0][1])
+            return {}, []
+        return drafts, failed
 
     def stats(self) -> dict:
         return {"spec_drafted_tokens": {self.name: self.num_drafted},

@@ -169,13 +169,12 @@ def test_a_failing_draft_fails_that_request_alone(tiny_llama_dir):
     llm = LLM(tiny_llama_dir, kv_cache_memory=64 << 20, speculative="ngram")
     clean = run(llm.engine)
     proposer = llm.engine.speculator.proposer
-    propose_one = proposer.propose_one
-    bad_prompt = PROMPTS["bad"]
+    propose = proposer.propose
 
-    def explode_for_bad(token_ids, k):
-        if token_ids[:len(bad_prompt)] == bad_prompt:
+    def explode_for_bad(items):     # a batch with "bad" in it raises, as "bad" alone does
+        if any(it.request.prompt_token_ids == PROMPTS["bad"] for it in items):
             raise RuntimeError("drafter exploded")
-        return propose_one(token_ids, k)
+        return propose(items)
 
-    proposer.propose_one = explode_for_bad
+    proposer.propose = explode_for_bad
     assert_only_bad_failed(clean, run(llm.engine))

@@ -14,22 +14,23 @@ from gpu_worker.sampler import Sampler, SamplingRow
 class WrongProposer:
     """Always drafts tokens the model will not choose."""
 
-    name, uses_model = "wrong", False
+    name, uses_model, observe = "wrong", False, None
 
-    def propose_one(self, token_ids, k):
-        return [(token_ids[-1] + 7 + i) % 1000 for i in range(k)]
+    def propose(self, items):
+        return {it.request.request_id: [(it.request.token_ids[-1] + 7 + i) % 1000 for i in range(it.k)]
+                for it in items}
 
 
 class GuessProposer:
     """Drafts a fixed guess of the next tokens."""
 
-    name, uses_model = "guess", False
+    name, uses_model, observe = "guess", False, None
 
     def __init__(self, guess):
         self.guess = guess
 
-    def propose_one(self, token_ids, k):
-        return self.guess[:k]
+    def propose(self, items):
+        return {it.request.request_id: self.guess[:it.k] for it in items}
 
 
 def workload(seed=0, n=10):
