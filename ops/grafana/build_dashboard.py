@@ -44,6 +44,9 @@ ROWS = [
              f"sum(rate(fleet:prefix_cache_queries_total{{{M}}}[$__rate_interval]))", "hit rate")]),
         ("Preemptions / s", "short", [
             (f"sum(rate(fleet:num_preemptions_total{{{M}}}[$__rate_interval]))", "preemptions")]),
+        ("Redis errors / s by class; writes refused", "short", [
+            (f"sum by (kind) (rate(fleet:redis_errors_total{{{M}}}[$__rate_interval]))", "{{kind}}"),
+            (f"max(fleet:redis_refusing_writes{{{M}}})", "refusing writes (OOM)")]),
     ]),
     ("Throughput", [
         ("Tokens / s", "short", [

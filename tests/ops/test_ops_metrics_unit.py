@@ -3,6 +3,9 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from redis.exceptions import OutOfMemoryError
+
+from gpu_worker.edge.redis_health import RedisHealth
 from gpu_worker.health import Health
 from gpu_worker.metrics import WorkerMetrics, enqueue_time
 from gpu_worker.outputs import RequestDelta
@@ -86,9 +89,15 @@ def test_fenced_deltas_and_failures_of_unknown_requests_are_not_counted():
 def test_health_follows_the_worker():
     health = Health(loop_stall_s=30, engine_stall_s=5)
     assert health.live() == (True, "loading") and health.ready() == (False, "loading")
-    state = SimpleNamespace(draining=False, engine=SimpleNamespace(alive=True))
+    state = SimpleNamespace(draining=False, engine=SimpleNamespace(alive=True), redis=RedisHealth())
     health.serving(state)
     assert health.live() == (True, "ok") and health.ready() == (True, "ok")
+    state.redis.on_error(OutOfMemoryError("command not allowed"), "publishing")
+    assert health.ready() == (False, "redis: oom") and health.live()[0]  # restarting won't help
+    state.redis.on_ok(wrote=False)
+    assert health.ready()[0] is False  # a read does not prove writes work again
+    state.redis.on_ok(wrote=True)
+    assert health.ready() == (True, "ok")
     health.engine_pass(_report(stats={"num_running": 1}))
     health._engine_pass -= 10  # a step that never returns
     assert not health.live()[0]

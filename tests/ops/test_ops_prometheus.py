@@ -80,7 +80,7 @@ scrape_configs:
         assert _query(base, "sum(fleet:workers_alive)") == 1
         status, body = http_get(base + "/api/v1/rules")
         rules = [r for g in json.loads(body)["data"]["groups"] for r in g["rules"]]
-        assert status == 200 and len(rules) == 9 and all(r["health"] != "err" for r in rules)
+        assert status == 200 and len(rules) == 11 and all(r["health"] != "err" for r in rules)
     finally:
         for proc in (prom, exporter):
             proc.terminate()
