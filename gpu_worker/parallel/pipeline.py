@@ -17,11 +17,13 @@ by the OS); on GPUs, one device per stage, over NCCL.
 from __future__ import annotations
 
 import logging
+import os
 import multiprocessing as mp
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
+from gpu_worker.config import switched_on
 from gpu_worker.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -39,6 +41,9 @@ class PipelineOptions:
     max_model_len: int | None = None
     threads_per_stage: int = 1
     timeout_s: float = 300.0
+    # The same switches as EngineConfig's, read from the same environment defaults once.
+    ops_backend: str = field(default_factory=lambda: os.environ.get("FLEET_OPS") or "auto")
+    cpu_kernels: bool = field(default_factory=lambda: switched_on("FLEET_CPU_KERNELS"))
 
 
 @dataclass
@@ -118,7 +123,8 @@ def _setup(model_dir: str, opts: PipelineOptions, device: torch.device, rank: in
     start, end = split_layers(cfg.num_layers, opts.num_stages)[rank]
     spec = StageSpec(rank, opts.num_stages, start, end)
     max_len = min(opts.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
-    model = build_stage_model(path, cfg, spec, select_ops(device), max_len, device)
+    model = build_stage_model(path, cfg, spec, select_ops(device, opts.ops_backend, cpu_kernels=opts.cpu_kernels),
+                              max_len, device)
     return path, cfg, spec, model, max_len
 
 

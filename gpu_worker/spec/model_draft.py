@@ -67,7 +67,7 @@ def early_exit_drafter(target: LlamaForCausalLM, kv_caches: list, num_layers: in
 
 
 def quantized_self_drafter(target: LlamaForCausalLM, kv_caches: list, method: str, block_size: int,
-                           model_dir=None, tokenizer=None) -> ModelDrafter:
+                           model_dir=None, tokenizer=None, *, cache: bool = True) -> ModelDrafter:
     """The target's own weights, weight-only quantized (``int8``/``int4``), reading the
     target's KV cache as its context: no cache or catch-up pass of its own. Drafts are only
     proposals, so the small difference between quantized and exact keys costs acceptance,
@@ -80,7 +80,7 @@ def quantized_self_drafter(target: LlamaForCausalLM, kv_caches: list, method: st
     from gpu_worker.model.quant.cache import quantize_for_serving
 
     draft = copy.deepcopy(target)
-    quantize_for_serving(draft, method, model_dir, tokenizer)
+    quantize_for_serving(draft, method, model_dir, tokenizer, cache=cache)
 
     def forward(ids, positions, plan):
         return draft.compute_logits(draft(ids, positions, kv_caches, plan))
