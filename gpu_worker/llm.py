@@ -102,3 +102,4 @@ def _accumulate(out: CompletionOutput, delta: RequestDelta) -> None:
     out.num_cached_tokens = delta.num_cached_tokens
     if delta.finished:
         out.finish_reason = delta.finish_reason
+        out.error_code, out.error_message = delta.error_code, delta.error_message

@@ -39,7 +39,8 @@ class RequestDelta:
 
 @dataclass(kw_only=True)
 class CompletionOutput:
-    """The whole result of one prompt from the offline API."""
+    """The whole result of one prompt from the offline API. ``finish_reason == "error"``:
+    the engine failed this request alone; ``error_code``/``error_message`` say why."""
 
     request_id: str
     prompt_token_ids: list[int]
@@ -48,3 +49,5 @@ class CompletionOutput:
     finish_reason: str | None = None
     logprobs: list[TokenLogprob] | None = None
     num_cached_tokens: int = 0
+    error_code: str | None = None
+    error_message: str | None = None

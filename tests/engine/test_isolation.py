@@ -178,3 +178,10 @@ def test_a_failing_draft_fails_that_request_alone(tiny_llama_dir):
 
     proposer.propose = explode_for_bad
     assert_only_bad_failed(clean, run(llm.engine))
+
+
+def test_the_offline_api_says_why_a_request_failed(llm):
+    poison_forward(llm.engine, lambda ids: "\x00probe" not in ids)  # the probe still runs
+    (out,) = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=4, **GREEDY))
+    assert out.finish_reason == "error" and out.error_code == "internal"
+    assert "forward exploded" in out.error_message
