@@ -99,16 +99,21 @@ def test_out_of_memory_stops_reading_keeps_the_work_and_recovers(workers, redis_
 @pytest.fixture
 def two_node_cluster():
     """Two cluster-enabled masters splitting the slots: enough to be answered MOVED."""
-    nodes = [RedisServer(cluster=True).start() for _ in range(2)]
-    a, b = (redis.Redis(port=n.port) for n in nodes)
-    a.execute_command("CLUSTER", "ADDSLOTSRANGE", 0, 8191)
-    b.execute_command("CLUSTER", "ADDSLOTSRANGE", 8192, 16383)
-    a.execute_command("CLUSTER", "MEET", "127.0.0.1", nodes[1].port, nodes[1].bus_port)
-    wait_until(lambda: a.cluster("info")["cluster_state"] == "ok"
-               and b.cluster("info")["cluster_state"] == "ok", timeout=20, what="cluster ok")
-    yield nodes
-    for n in nodes:
-        n.stop()
+    nodes: list[RedisServer] = []
+    try:  # a failed setup must not leave servers behind either
+        for _ in range(2):
+            nodes.append(RedisServer(cluster=True))
+            nodes[-1].start()
+        a, b = (redis.Redis(port=n.port) for n in nodes)
+        a.execute_command("CLUSTER", "ADDSLOTSRANGE", 0, 8191)
+        b.execute_command("CLUSTER", "ADDSLOTSRANGE", 8192, 16383)
+        a.execute_command("CLUSTER", "MEET", "127.0.0.1", nodes[1].port, nodes[1].bus_port)
+        wait_until(lambda: a.cluster("info")["cluster_state"] == "ok"
+                   and b.cluster("info")["cluster_state"] == "ok", timeout=20, what="cluster ok")
+        yield nodes
+    finally:
+        for n in nodes:
+            n.stop()
 
 
 def test_a_cluster_redirect_is_a_clear_error_and_not_ready(workers, two_node_cluster):
