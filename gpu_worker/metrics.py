@@ -95,7 +95,7 @@ class WorkerMetrics:
         self.cancelled = c("fleet:requests_cancelled", "Requests that ended cancelled")
         self.redis_errors = c("fleet:redis_errors", "Redis errors met, by class (transient, "
                               "missing, denied, oom, redirect, request)", ("kind",))
-        self.redis_oom = g("fleet:redis_refusing_writes",
+        self.refusing_writes = g("fleet:redis_refusing_writes",
                            "1 while Redis refuses writes (out of memory): no new work is read")
 
     # -- construction ------------------------------------------------------------------
@@ -209,7 +209,7 @@ class WorkerMetrics:
         self.redis_errors.labels(self.model_name, kind).inc()
 
     def redis_refusing(self, refusing: bool) -> None:
-        self.redis_oom.set(1 if refusing else 0)
+        self.refusing_writes.set(1 if refusing else 0)
 
     def on_dead_letter(self, num_entries: int = 1) -> None:
         if num_entries:

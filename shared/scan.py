@@ -38,9 +38,10 @@ class Scan:
     version: int | None = None
 
 
-def scan(raw: bytes, *, max_depth: int = L.MAX_JSON_DEPTH,
+def scan(raw: object, *, max_depth: int = L.MAX_JSON_DEPTH,
          limit: int = L.MAX_SCAN_BYTES) -> Scan:
-    """Scan the first ``limit`` bytes of ``raw``; never raises, never recurses."""
+    """Scan the first ``limit`` bytes of ``raw`` (anything but bytes finds nothing);
+    never raises, never recurses."""
     if not isinstance(raw, (bytes, bytearray, memoryview)):
         return Scan(0, False)
     head = bytes(raw[:limit])

@@ -26,7 +26,7 @@ from gpu_worker.edge.redis_io import RedisIO
 from gpu_worker.edge.scripts import Begun
 from gpu_worker.metrics import DISABLED, WorkerMetrics  # ops: metrics
 from gpu_worker.outputs import RequestDelta
-from shared import codec, errors, keys
+from shared import codec, errors
 from shared.errors import ProtocolError
 from shared.protocol import Request
 from shared.scan import scan
@@ -54,15 +54,11 @@ class Accepted:
     error: BaseException | None = None
 
 
-def payload(entry: Entry) -> object:
-    return entry.fields.get(keys.STREAM_FIELD.encode(), entry.fields.get(keys.STREAM_FIELD))
-
-
 def plan(entry: Entry, options: WorkerOptions) -> _Plan:
     """What to do with one entry. Never raises."""
-    raw = payload(entry)
+    raw = entry.payload
     if entry.deliveries > options.max_deliveries:  # before parsing: it may be what kills us
-        found = scan(raw if isinstance(raw, bytes) else b"")
+        found = scan(raw)
         return _Plan(entry, None, found.tenant, found.request_id, errors.POISON,
                      f"delivered {entry.deliveries} times without finishing "
                      f"(limit {options.max_deliveries})")
@@ -72,7 +68,7 @@ def plan(entry: Entry, options: WorkerOptions) -> _Plan:
         return _Plan(entry, None, exc.tenant, exc.request_id, exc.code, exc.message)
     except Exception as exc:  # noqa: BLE001 - a bug of ours must end this entry only
         logger.exception("decoding entry %s failed", entry.entry_id)
-        found = scan(raw if isinstance(raw, bytes) else b"")
+        found = scan(raw)
         return _Plan(entry, None, found.tenant, found.request_id, errors.INTERNAL,
                      f"the worker could not decode this entry ({type(exc).__name__})")
     return _Plan(entry, request, request.tenant, request.request_id)

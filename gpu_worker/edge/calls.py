@@ -59,7 +59,7 @@ def handoff(options: WorkerOptions, entries: list[Entry]) -> list[tuple]:
 
 
 def dead_letter(options: WorkerOptions, entry: Entry, code: str, message: str) -> tuple:
-    raw = entry.fields.get(keys.STREAM_FIELD.encode(), entry.fields.get(keys.STREAM_FIELD, b""))
+    raw = entry.payload or b""
     if isinstance(raw, str):
         raw = raw.encode()
     return ("XADD", keys.dead_letter_key(options.model_name), "MAXLEN", "~",

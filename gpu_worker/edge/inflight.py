@@ -28,6 +28,11 @@ class Entry:
     fields: dict
     deliveries: int = 1
 
+    @property
+    def payload(self) -> object:
+        """The request JSON as read (``data`` field; None when the entry has none)."""
+        return self.fields.get(keys.STREAM_FIELD.encode(), self.fields.get(keys.STREAM_FIELD))
+
 
 @dataclass(kw_only=True)
 class Inflight:

@@ -31,43 +31,30 @@ class Kind(enum.Enum):
     REQUEST = "request"
 
 
-# Classes redis-py raises for a reply prefix (it strips the prefix from the message).
+# The classes redis-py raises for a reply's prefix (it strips the prefix from the message).
 _BY_CLASS: tuple[tuple[type, Kind], ...] = (
     (rx.OutOfMemoryError, Kind.OOM),
     (rx.NoPermissionError, Kind.DENIED),
     (rx.AuthenticationError, Kind.DENIED),
     (rx.AuthorizationError, Kind.DENIED),
-    (rx.MovedError, Kind.REDIRECT),
-    (rx.AskError, Kind.REDIRECT),
+    (rx.AskError, Kind.REDIRECT),  # MovedError is one
+    (rx.ClusterCrossSlotError, Kind.REDIRECT),
     (rx.BusyLoadingError, Kind.TRANSIENT),
     (rx.ReadOnlyError, Kind.TRANSIENT),
     (rx.TryAgainError, Kind.TRANSIENT),
-    (rx.ClusterDownError, Kind.TRANSIENT),
-    (rx.MasterDownError, Kind.TRANSIENT),
+    (rx.ClusterDownError, Kind.TRANSIENT),  # MasterDownError is one
     (rx.ConnectionError, Kind.TRANSIENT),
     (rx.TimeoutError, Kind.TRANSIENT),
-    (ConnectionError, Kind.TRANSIENT),
-    (OSError, Kind.TRANSIENT),
-    (TimeoutError, Kind.TRANSIENT),
+    (OSError, Kind.TRANSIENT),  # the builtin ConnectionError and TimeoutError are ones
 )
-# Prefixes redis-py leaves in a plain ResponseError's message.
-_BY_PREFIX = (("NOGROUP", Kind.MISSING), ("UNBLOCKED", Kind.MISSING), ("BUSY", Kind.TRANSIENT),
-              ("LOADING", Kind.TRANSIENT), ("OOM", Kind.OOM), ("NOPERM", Kind.DENIED),
-              ("NOAUTH", Kind.DENIED), ("WRONGPASS", Kind.DENIED), ("MOVED", Kind.REDIRECT),
-              ("ASK", Kind.REDIRECT), ("CROSSSLOT", Kind.REDIRECT), ("MASTERDOWN", Kind.TRANSIENT),
-              ("CLUSTERDOWN", Kind.TRANSIENT), ("READONLY", Kind.TRANSIENT),
-              ("TRYAGAIN", Kind.TRANSIENT))
+# Prefixes redis-py has no class for, left in a plain ResponseError's message.
+_BY_PREFIX = (("NOGROUP", Kind.MISSING), ("UNBLOCKED", Kind.MISSING), ("BUSY", Kind.TRANSIENT))
 
 
 def classify(exc: BaseException) -> Kind:
     """The class of ``exc``; anything unknown is ``REQUEST`` (it ends one call only)."""
-    for cls, kind in _BY_CLASS:
-        if isinstance(exc, cls):
-            return kind
-    if isinstance(exc, rx.ClusterCrossSlotError):
-        return Kind.REDIRECT
+    kind = next((k for cls, k in _BY_CLASS if isinstance(exc, cls)), None)
+    if kind is not None:
+        return kind
     message = str(exc).lstrip()
-    for prefix, kind in _BY_PREFIX:
-        if message.startswith(prefix):
-            return kind
-    return Kind.REQUEST
+    return next((k for prefix, k in _BY_PREFIX if message.startswith(prefix)), Kind.REQUEST)

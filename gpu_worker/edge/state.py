@@ -28,7 +28,7 @@ class WorkerState:
     draining: bool = False
     num_finished: int = 0
     metrics: WorkerMetrics = field(default_factory=WorkerMetrics)  # ops: metrics
-    redis: RedisHealth = None  # built from ``metrics`` when not given
+    redis: RedisHealth | None = None  # built from ``metrics`` when not given
 
     def __post_init__(self) -> None:
         if self.redis is None:
@@ -80,4 +80,3 @@ class WorkerState:
             "finished": self.num_finished,
             "draining": int(self.draining),
         }
-
