@@ -89,8 +89,10 @@ class Publisher:
         if writes:
             answers = await self._run_until_answered(writes)
             acks, dead = self._apply(writes, answers, handoffs)
-        if acks or dead:  # dead letters first: an entry is acked only once it is kept
-            await self._run_until_answered_raw(dead + calls.ack(st.options, acks))
+        if dead:  # a round trip of its own: an entry is acked only once it is kept
+            await self._run_until_answered_raw(dead)
+        if acks:
+            await self._run_until_answered_raw(calls.ack(st.options, acks))
         if handoffs:
             await self._run_until_answered_raw(calls.handoff(st.options, handoffs))
             logger.info("handed back %d requests", len(handoffs))
@@ -175,14 +177,15 @@ class Publisher:
                 await backoff.sleep()
         return answers
 
-    async def _run_until_answered_raw(self, batch: list[tuple]) -> list:
-        """The same for plain calls (acks, handoffs, dead letters): retried whole."""
+    async def _run_until_answered_raw(self, batch: list[tuple]) -> None:
+        """The same for plain calls (acks, handoffs, dead letters): the refused ones are
+        retried, so a dead letter that was stored is never added twice."""
         backoff = Backoff()
-        while True:
+        while batch:
             got = await self._round_trip(batch, backoff)
-            if not any(_refused(a) for a in got):
-                return got
-            await backoff.sleep()
+            batch = [call for call, answer in zip(batch, got) if _refused(answer)]
+            if batch:
+                await backoff.sleep()
 
     async def _round_trip(self, batch: list[tuple], backoff: Backoff) -> list:
         while True:

@@ -185,3 +185,20 @@ def test_out_of_memory_is_reported_until_a_write_goes_through(monkeypatch):
 
 async def _no_sleep(self):
     await asyncio.sleep(0)
+
+
+def test_a_stored_dead_letter_is_not_added_again_when_its_ack_is_retried(monkeypatch):
+    monkeypatch.setattr("gpu_worker.edge.redis_io.Backoff.sleep", _no_sleep)
+
+    def answer(call, attempt):
+        if call[1] == "publish":
+            return ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value")
+        if call[1] == "ack" and attempt == 0:
+            return OutOfMemoryError("command not allowed")  # cannot be: ack first, then retry it
+        return _ok(call, attempt)
+
+    io = ScriptedIO(answer)
+    st = _state(io)
+    _publish(st, _report(_delta([1], 1)))
+    kinds = [c[0] if c[0] == "XADD" else c[1] for c, _ in io.log]
+    assert kinds == ["publish", "XADD", "ack", "ack"]  # dead letter kept before any ack
