@@ -31,6 +31,15 @@ def default_redis_url() -> str:
     return os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
+def encode_request(request: Request) -> bytes:
+    """The stream entry's payload; :class:`PayloadTooLarge` if the fleet would refuse it
+    unread for its size."""
+    payload = codec.encode(request)
+    if len(payload) > limits.MAX_PAYLOAD_BYTES:
+        raise PayloadTooLarge(len(payload))
+    return payload
+
+
 class AsyncFleetClient:
     """Submits to one model's streams. ``tenant`` is the default for requests and lookups.
 
@@ -79,9 +88,7 @@ class AsyncFleetClient:
         stored result is returned), and a duplicate entry is never generated twice.
         """
         request = self.make_request(request, **fields)
-        payload = codec.encode(request)
-        if len(payload) > limits.MAX_PAYLOAD_BYTES:  # the fleet would refuse it: say so now
-            raise PayloadTooLarge(len(payload))
+        payload = encode_request(request)
         stream = await self.watch(request.request_id, request.tenant)
         if stream.done:
             return stream

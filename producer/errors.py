@@ -23,6 +23,6 @@ class PayloadTooLarge(FleetError, ValueError):
     def __init__(self, num_bytes: int) -> None:
         from shared import limits
 
-        super().__init__(f"the encoded request is {num_bytes} bytes; the fleet takes at most "
-                         f"{limits.MAX_PAYLOAD_BYTES}")
+        super().__init__(f"the request is {num_bytes} bytes as a fleet request; the fleet "
+                         f"accepts at most {limits.MAX_PAYLOAD_BYTES}")
         self.num_bytes = num_bytes

@@ -17,7 +17,8 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from producer.client import AsyncFleetClient
+from producer.client import AsyncFleetClient, encode_request
+from producer.errors import PayloadTooLarge
 from producer.gateway import errors, schemas, translate
 from producer.gateway.admission import Admission
 from producer.gateway.handlers import EXCEPTION_HANDLERS, Guard
@@ -25,8 +26,7 @@ from producer.gateway.options import GatewayOptions
 from producer.gateway.redact import redact
 from producer.gateway.render import Renderer, TokenNames
 from producer.gateway.serve import Call
-from shared import codec, keys
-from shared import limits as L
+from shared import keys
 from shared.protocol import Request
 
 logger = logging.getLogger(__name__)
@@ -118,10 +118,10 @@ def _fleet_request(client: AsyncFleetClient, fields: dict[str, Any],
         request_obj = client.make_request(request_id=request_id, tenant=tenant, **fields)
     except msgspec.ValidationError as exc:
         raise errors.from_validation(exc) from None
-    size = len(codec.encode(request_obj))
-    if size > L.MAX_PAYLOAD_BYTES:
-        raise errors.too_large(f"the request is {size} bytes as a fleet request; the fleet "
-                               f"accepts at most {L.MAX_PAYLOAD_BYTES}")
+    try:
+        encode_request(request_obj)
+    except PayloadTooLarge as exc:
+        raise errors.too_large(str(exc)) from None
     return request_obj
 
 
