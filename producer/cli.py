@@ -31,7 +31,7 @@ def add_common(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from producer import batch, demo, exporter, gateway, status
+    from producer import batch, demo, exporter, gateway, status, tenants_cli
 
     parser = argparse.ArgumentParser(prog="fleet", description="LLM inference fleet fed by Redis")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tenant", default="default")
     p.add_argument("--timeout", type=float, default=None, help="deadline, seconds from now")
     p.set_defaults(_run=run_submit)
-    for module in (batch, status, demo, gateway, exporter):
+    for module in (batch, status, demo, gateway, exporter, tenants_cli):
         module.add_parser(sub, add_common)
     parser.add_argument("-v", "--verbose", action="store_true")
     sub.add_parser("worker", help="run a worker (engine side)")

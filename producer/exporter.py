@@ -1,16 +1,21 @@
 """``fleet exporter``: the queue itself as Prometheus metrics -- the autoscaler's signals.
 
 Workers report their own load (``fleet worker --metrics-port``); this reports what no worker
-can see once they are all gone: per lane the stream length, the consumer group's lag
-(entries never delivered) and pending entries (delivered, not yet acknowledged), the dead
-letters, and how many workers are alive by their heartbeats. ``fleet:queue_backlog`` (lag +
-pending, all lanes) is the work the fleet owes; at zero workers it is what wakes them.
+can see once they are all gone: per tenant and lane the stream length, the consumer group's
+lag (entries never delivered) and pending entries (delivered, not yet acknowledged), the old
+shared streams while they hold anything (tenant ``_legacy``), the dead letters, and how many
+workers are alive by their heartbeats. ``fleet:queue_backlog`` (lag + pending over every
+tenant and lane) is the work the fleet owes; at zero workers it is what wakes them.
 
-Redis is read on every scrape (``producer.status.collect``, the same numbers as ``fleet
-status``), so the numbers are never staler than the scrape. Unless ``--no-ensure-groups``,
-the exporter creates the consumer group of every lane (from id 0, as workers do): a
-fleet scaled to zero on a fresh or restarted Redis then still has a group whose lag an
-autoscaler can read.
+Label cardinality is bounded: the first ``--max-tenants`` tenants by name get their own
+``tenant`` label, the rest are summed under ``tenant="_other"``.
+
+Redis is read on every scrape (``producer.status``, the same numbers as ``fleet status``;
+per-key commands only, so one server or a Redis Cluster given any node's URL), so the
+numbers are never staler than the scrape. Unless ``--no-ensure-groups``, the exporter
+creates the consumer group of every registered tenant's allowed lane streams (from id 0,
+as workers do): a fleet scaled to zero on a fresh or restarted Redis then still has groups
+whose lag an autoscaler can read.
 """
 from __future__ import annotations
 
@@ -21,55 +26,60 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-import redis.asyncio as aioredis
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
-from redis.exceptions import ResponseError
 
 from producer import status
-from shared import keys
+from shared import connect, keys
+from shared.tenants import TenantConfig
 
 logger = logging.getLogger(__name__)
 
 STREAM_GAUGES = {  # metric -> (key in status.collect's report, help)
-    "fleet:stream_length": ("length", "Entries in the lane's request stream (acked ones are deleted)"),
+    "fleet:stream_length": ("length", "Entries in the tenant's lane stream (acked ones are deleted)"),
     "fleet:stream_lag": ("lag", "Entries not yet delivered to any worker"),
     "fleet:stream_pending": ("pending", "Entries delivered to a worker and not yet acknowledged"),
-    "fleet:stream_consumers": ("consumers", "Consumers in the lane's group (live or not)"),
+    "fleet:stream_consumers": ("consumers", "Consumers in the stream's group (live or not)"),
 }
+OTHER = "_other"  # the tenants beyond --max-tenants, summed (no tenant name starts with _)
+LEGACY = "_legacy"  # the old shared streams (still drained after an upgrade)
 
 
-async def ensure_groups(redis_url: str, model: str) -> None:
-    """Create every lane's consumer group from id 0 (never ``$``), as a worker would."""
-    client = aioredis.from_url(redis_url)
-    try:
-        for lane in keys.LANES:
-            try:
-                await client.xgroup_create(keys.stream_key(model, lane), keys.GROUP, id="0",
-                                           mkstream=True)
-            except ResponseError as exc:
-                if "BUSYGROUP" not in str(exc):
-                    raise
-    finally:
-        await client.aclose()
+async def ensure_groups(client, model: str, configs: dict[str, TenantConfig]) -> None:
+    """Create the consumer group of every registered tenant's allowed lane streams, from
+    id 0 (never ``$``), as a worker would. One pipeline (per node on a cluster)."""
+    streams = [keys.stream_key(model, name, lane) for name, c in configs.items() for lane in c.lanes]
+    pipe = client.pipeline(transaction=False)
+    for stream in streams:
+        pipe.xgroup_create(stream, keys.GROUP, id="0", mkstream=True)
+    for reply in await pipe.execute(raise_on_error=False):
+        if isinstance(reply, Exception) and "BUSYGROUP" not in str(reply):
+            raise reply
 
 
 class QueueCollector:
     """A prometheus-client collector that reads Redis at scrape time."""
 
-    def __init__(self, redis_url: str, models: list[str], *, ensure: bool = True) -> None:
+    def __init__(self, redis_url: str, models: list[str], *, ensure: bool = True,
+                 max_tenants: int = 100) -> None:
         self.redis_url = redis_url
         self.models = [keys.check_model(m) for m in models]
         self.ensure = ensure
+        self.max_tenants = max_tenants
         self._lock = threading.Lock()  # one scrape at a time hits Redis
 
     async def _reports(self) -> list[dict]:
-        reports = []
-        for model in self.models:
-            if self.ensure:
-                await ensure_groups(self.redis_url, model)
-            reports.append(await status.collect(self.redis_url, model))
-        return reports
+        client = await connect.async_client(self.redis_url, decode_responses=True)
+        try:
+            registry = await status.read_registry(client)
+            reports = []
+            for model in self.models:
+                if self.ensure:
+                    await ensure_groups(client, model, registry[0])
+                reports.append(await status.collect_from(client, model, registry))
+            return reports
+        finally:
+            await client.aclose()
 
     def collect(self):
         started = time.perf_counter()
@@ -84,38 +94,68 @@ class QueueCollector:
             return
         up.add_metric([], 1)
         yield up
-        yield from families(reports)
+        yield from families(reports, self.max_tenants)
         took = GaugeMetricFamily("fleet:exporter_scrape_seconds", "Time to read the queue")
         took.add_metric([], time.perf_counter() - started)
         yield took
 
 
-def families(reports: list[dict]):
+def bounded(report: dict, max_tenants: int) -> dict[str, dict[str, dict]]:
+    """tenant label -> lane -> numbers: the first ``max_tenants`` tenants by name, the rest
+    summed under ``_other``, the old shared streams under ``_legacy``. Label values stay a
+    bounded set however many tenants register."""
+    names = sorted(report["tenants"])
+    out = {name: report["tenants"][name] for name in names[:max_tenants]}
+    rest: dict[str, dict] = {}
+    for name in names[max_tenants:]:
+        for lane, s in report["tenants"][name].items():
+            total = rest.setdefault(lane, dict.fromkeys(status.FIELDS, 0))
+            for field in status.FIELDS:
+                total[field] += s[field]
+    if rest:
+        out[OTHER] = rest
+    if report["legacy"]:
+        out[LEGACY] = report["legacy"]
+    return out
+
+
+def families(reports: list[dict], max_tenants: int = 100):
     """Metric families from ``status.collect`` reports (one per model)."""
-    streams = {name: GaugeMetricFamily(name, doc, labels=["model_name", "lane"])
+    labels = ["model_name", "tenant", "lane"]
+    streams = {name: GaugeMetricFamily(name, doc, labels=labels)
                for name, (_, doc) in STREAM_GAUGES.items()}
-    backlog = GaugeMetricFamily("fleet:queue_backlog", "Lag plus pending over all lanes: "
-                                "the work the fleet owes (autoscaling signal)", labels=["model_name"])
+    backlog = GaugeMetricFamily("fleet:queue_backlog", "Lag plus pending over all tenants and "
+                                "lanes: the work the fleet owes (autoscaling signal)",
+                                labels=["model_name"])
+    by_tenant = GaugeMetricFamily("fleet:tenant_backlog", "Lag plus pending of one tenant over "
+                                  "its lanes", labels=["model_name", "tenant"])
     dead = GaugeMetricFamily("fleet:dead_letters", "Entries in the dead-letter stream",
                              labels=["model_name"])
     alive = GaugeMetricFamily("fleet:workers_alive", "Workers with a live heartbeat",
                               labels=["model_name"])
     draining = GaugeMetricFamily("fleet:workers_draining", "Live workers that are draining",
                                  labels=["model_name"])
+    registered = GaugeMetricFamily("fleet:tenants_registered", "Tenants the fleet serves (1 for "
+                                   "the implicit default of an empty registry)")
+    invalid = GaugeMetricFamily("fleet:tenants_invalid", "Registry entries workers ignore "
+                                "because they do not decode")
     for report in reports:
         model = report["model"]
-        owed = 0
-        for lane, s in report["streams"].items():
-            for name, (field, _) in STREAM_GAUGES.items():
-                streams[name].add_metric([model, lane], s[field])
-            owed += s["lag"] + s["pending"]
-        backlog.add_metric([model], owed)
+        for tenant, lanes in bounded(report, max_tenants).items():
+            for lane, s in lanes.items():
+                for name, (field, _) in STREAM_GAUGES.items():
+                    streams[name].add_metric([model, tenant, lane], s[field])
+            by_tenant.add_metric([model, tenant], sum(s["lag"] + s["pending"] for s in lanes.values()))
+        backlog.add_metric([model], sum(s["lag"] + s["pending"] for s in report["streams"].values()))
         dead.add_metric([model], report["dead_letters"])
         live = [w for w in report["workers"].values() if w["alive"]]
         alive.add_metric([model], len(live))
         draining.add_metric([model], sum(str(w.get("draining", "0")) == "1" for w in live))
+    if reports:
+        registered.add_metric([], len(reports[0]["tenants"]))
+        invalid.add_metric([], len(reports[0]["invalid_tenants"]))
     yield from streams.values()
-    yield from (backlog, dead, alive, draining)
+    yield from (backlog, by_tenant, dead, alive, draining, registered, invalid)
 
 
 def add_parser(sub, add_common) -> None:
@@ -128,19 +168,23 @@ def add_parser(sub, add_common) -> None:
     p.add_argument("--host", default="0.0.0.0", help="address to bind")
     p.add_argument("--no-ensure-groups", action="store_true",
                    help="do not create missing consumer groups (read-only ACL users)")
+    p.add_argument("--max-tenants", type=int, default=100,
+                   help="tenants labelled by name; the rest are summed as tenant=\"_other\"")
     p.set_defaults(_run=run)
 
 
-def registry_for(redis_url: str, models: list[str], *, ensure: bool = True) -> CollectorRegistry:
+def registry_for(redis_url: str, models: list[str], *, ensure: bool = True,
+                 max_tenants: int = 100) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(QueueCollector(redis_url, models, ensure=ensure))
+    registry.register(QueueCollector(redis_url, models, ensure=ensure, max_tenants=max_tenants))
     return registry
 
 
 def run(args: argparse.Namespace) -> int:
     logging.getLogger().setLevel(logging.INFO)
     models = [m for m in (args.models or args.model_name).split(",") if m]
-    registry = registry_for(args.redis_url, models, ensure=not args.no_ensure_groups)
+    registry = registry_for(args.redis_url, models, ensure=not args.no_ensure_groups,
+                            max_tenants=args.max_tenants)
     server = ThreadingHTTPServer((args.host, args.port), _handler(registry))
     server.daemon_threads = True
     logger.info("exporting %s on http://%s:%d/metrics", ",".join(models), args.host,

@@ -1,4 +1,5 @@
-"""Backpressure before enqueueing: a bounded queue (503) and per-tenant quotas (429).
+"""Backpressure before enqueueing: a bounded queue per tenant (503) and per-tenant quotas
+(429).
 
 Quota counters live in Redis, so every gateway replica draws on the same budget; they are
 crash-safe: the per-minute counter expires with its window, and an in-flight slot is a
@@ -9,7 +10,6 @@ from __future__ import annotations
 import math
 import time
 
-import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from producer.gateway.errors import overloaded, rate_limited
@@ -44,21 +44,23 @@ def _tenant_keys(tenant: str, window: int) -> list[str]:
 
 
 class Admission:
-    """``check_queue`` raises 503 when a lane is overfull; ``acquire``/``release`` bracket
-    a request against its tenant's quota (429 when spent)."""
+    """``check_queue`` raises 503 when a tenant's lane is overfull; ``acquire``/``release``
+    bracket a request against its tenant's quota (429 when spent)."""
 
-    def __init__(self, redis: aioredis.Redis, options: GatewayOptions) -> None:
-        self.redis = redis
+    def __init__(self, redis, options: GatewayOptions) -> None:
+        self.redis = redis  # a Redis or RedisCluster client: every call stays in one slot
         self.options = options
         self._admit = redis.register_script(_ADMIT)
 
-    async def queue_depth(self, namespace: str) -> int:
-        """Requests in the lane no worker has taken yet (the consumer group's lag).
+    async def queue_depth(self, namespace: str, tenant: str) -> int:
+        """Requests in the tenant's stream of the lane no worker has taken yet (the consumer
+        group's lag). Each tenant has its own bound: one tenant's flood does not turn the
+        others away.
 
         Served entries are deleted when acknowledged, so the stream holds exactly the
         pending (being served) plus the undelivered ones; this works on Redis 6.2 as well.
         """
-        stream = keys.stream_key(namespace, self.options.lane)
+        stream = keys.stream_key(namespace, tenant, self.options.lane)
         pipe = self.redis.pipeline(transaction=False)
         pipe.xlen(stream)
         pipe.xpending(stream, keys.GROUP)
@@ -71,15 +73,15 @@ class Admission:
             return int(length)  # no group yet: nothing was ever delivered
         return max(int(length) - int(pending["pending"]), 0)
 
-    async def check_queue(self, namespace: str) -> None:
+    async def check_queue(self, namespace: str, tenant: str) -> None:
         bound = self.options.max_queue
         if bound <= 0:
             return
-        depth = await self.queue_depth(namespace)
+        depth = await self.queue_depth(namespace, tenant)
         if depth >= bound:
             raise overloaded(f"the fleet is overloaded: {depth} requests are waiting for "
-                             f"model {namespace!r} (bound {bound}); retry later",
-                             self.options.retry_after_s)
+                             f"model {namespace!r} in tenant {tenant!r}'s queue (bound "
+                             f"{bound}); retry later", self.options.retry_after_s)
 
     async def acquire(self, tenant: str, slot: str) -> None:
         quota = self.options.quota(tenant)

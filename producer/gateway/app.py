@@ -1,16 +1,12 @@
 """The ASGI app: routes, authentication, and the flow of one completion call."""
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable
-from typing import Any, TypeVar
+from typing import Any
 
 import msgspec
-import redis.asyncio as aioredis
-from redis.exceptions import NoPermissionError
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request as HttpRequest
@@ -20,73 +16,17 @@ from starlette.routing import Route
 from producer.client import AsyncFleetClient, encode_request
 from producer.errors import PayloadTooLarge
 from producer.gateway import errors, schemas, translate
-from producer.gateway.admission import Admission
 from producer.gateway.handlers import EXCEPTION_HANDLERS, Guard
 from producer.gateway.options import GatewayOptions
 from producer.gateway.redact import redact
-from producer.gateway.render import Renderer, TokenNames
+from producer.gateway.render import Renderer
 from producer.gateway.serve import Call
+from producer.gateway.state import Gateway
 from shared import keys
 from shared.protocol import Request
 
 logger = logging.getLogger(__name__)
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-T = TypeVar("T")
-
-
-class Gateway:
-    """State shared by all calls: one Redis pool, one fleet client per served namespace."""
-
-    def __init__(self, options: GatewayOptions) -> None:
-        self.options = options
-        self.names = TokenNames(options.tokenizer)
-        self.redis = aioredis.from_url(options.redis_url, socket_timeout=options.redis_timeout_s,
-                                       socket_connect_timeout=options.redis_timeout_s)
-        self.admission = Admission(self.redis, options)
-        self.clients = {ns: AsyncFleetClient(options.redis_url, model=ns)
-                        for ns in set(options.models.values())}
-        self.background: set[asyncio.Task] = set()
-
-    async def close(self) -> None:
-        if self.background:
-            await asyncio.wait(self.background, timeout=10)
-        for client in self.clients.values():
-            await client.close()
-        await self.redis.aclose()
-
-    async def redis_step(self, step: Awaitable[T]) -> T:
-        """``step`` within ``redis_timeout_s``, else 503: redis-py retries a dead or silent
-        server for a minute, and a hanging call would hold its client that long."""
-        try:
-            return await asyncio.wait_for(step, self.options.redis_timeout_s)
-        except asyncio.TimeoutError:
-            logger.warning("redis did not answer within %.1f s", self.options.redis_timeout_s)
-            raise errors.unavailable(self.options.retry_after_s) from None
-
-    async def live_workers(self, namespace: str) -> int | None:
-        """Workers registered for ``namespace``; None where this Redis user may not read the
-        registry (the shipped ``fleet-gateway`` user may not, and needs not: see ``ready``)."""
-        try:
-            return await self.redis_step(self.redis.zcard(keys.workers_key(namespace)))
-        except NoPermissionError:
-            return None
-
-    def tenant(self, request: HttpRequest) -> str:
-        if not self.options.api_keys:
-            return "default"
-        scheme, _, key = request.headers.get("authorization", "").partition(" ")
-        tenant = self.options.api_keys.get(key.strip()) if scheme.lower() == "bearer" else None
-        if tenant is None:
-            raise errors.GatewayError(401, "invalid or missing API key (Authorization: Bearer "
-                                      "KEY)", code="invalid_api_key")
-        return tenant
-
-    def namespace(self, model: str) -> str:
-        if model not in self.options.models:
-            raise errors.GatewayError(404, f"the model {model[:64]!r} does not exist; served: "
-                                      f"{sorted(self.options.models)}", param="model",
-                                      code="model_not_found")
-        return self.options.models[model]
 
 
 async def _body(request: HttpRequest, limit: int) -> bytes:
@@ -132,20 +72,23 @@ async def _complete(request: HttpRequest, chat: bool) -> Response:
                          schemas.ChatRequest if chat else schemas.CompletionRequest)
     fields = (translate.chat_fields if chat else translate.completion_fields)(req, gw.options)
     namespace = gw.namespace(req.model)
-    client = gw.clients[namespace]
+    client = gw.client(namespace, tenant)
     request_id = req.request_id or translate.new_id("chatcmpl" if chat else "cmpl")
     request_obj = _fleet_request(client, fields, request_id, tenant)
-    await gw.redis_step(gw.admission.check_queue(namespace))
-    await gw.redis_step(gw.admission.acquire(tenant, request_id))
+    await gw.redis_step(gw.admit(tenant))
+    admission = await gw.redis_step(gw.admission())
+    await gw.redis_step(admission.check_queue(namespace, tenant))
+    await gw.redis_step(gw.connected(client))
+    await gw.redis_step(admission.acquire(tenant, request_id))
     include_usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
     renderer = Renderer(chat=chat, response_id=request_id, model=req.model, names=gw.names,
                         logprobs=request_obj.logprobs is not None, include_usage=include_usage)
     try:
         stream = await gw.redis_step(client.submit(request_obj))
     except BaseException:
-        await gw.admission.release(tenant, request_id)
+        await admission.release(tenant, request_id)
         raise
-    call = Call(client=client, admission=gw.admission, stream=stream, tenant=tenant,
+    call = Call(client=client, admission=admission, stream=stream, tenant=tenant,
                 renderer=renderer, timeout_s=gw.options.request_timeout_s + 30,
                 background=gw.background)
     if not req.stream:
@@ -178,13 +121,21 @@ async def health(request: HttpRequest) -> Response:
 
 async def ready(request: HttpRequest) -> Response:
     """Ready when Redis answers and the queues can be read -- with exactly the commands
-    enqueueing needs, which the shipped ``fleet-gateway`` ACL user has. Workers are
-    reported where readable, not required: the queue holds requests until a worker
-    (perhaps scaled from zero) takes them. Not ready is a 503 with ``Retry-After``."""
+    enqueueing needs (the registry, each served tenant's stream of the lane), which the
+    shipped ``fleet-gateway`` ACL user has, on one server or a cluster. ``queued`` sums the
+    tenants of the configured keys. Workers are reported where readable, not required: the
+    queue holds requests until a worker (perhaps scaled from zero) takes them. Not ready is
+    a 503 with ``Retry-After``."""
     gw: Gateway = request.app.state.gateway
-    await gw.redis_step(gw.redis.ping())
-    depth = {m: await gw.redis_step(gw.admission.queue_depth(ns))
-             for m, ns in gw.options.models.items()}
+    redis = await gw.redis_step(gw.redis())
+    await gw.redis_step(redis.ping())
+    tenants = await gw.redis_step(gw.served_tenants())
+    admission = await gw.redis_step(gw.admission())
+    depth = {}
+    for model, namespace in gw.options.models.items():
+        depth[model] = 0
+        for tenant in tenants:
+            depth[model] += await gw.redis_step(admission.queue_depth(namespace, tenant))
     workers = {m: await gw.live_workers(ns) for m, ns in gw.options.models.items()}
     return JSONResponse({"status": "ready", "queued": depth, "workers": workers})
 

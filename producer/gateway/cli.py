@@ -19,10 +19,10 @@ def add_parser(sub, add_common) -> None:
     p.add_argument("--api-keys", default=os.environ.get("FLEET_API_KEYS_FILE"), metavar="FILE",
                    help="JSON {'keys': {KEY: TENANT}, 'quotas': {TENANT: {...}}}; keys may also "
                         "come from $FLEET_API_KEYS as KEY=TENANT,... (none: no auth, tenant "
-                        "'default')")
+                        "'default'); each TENANT must be registered (fleet tenants add)")
     p.add_argument("--max-queue", type=int, default=1000,
-                   help="answer 503 when this many requests wait undelivered in the lane "
-                        "(0: no bound)")
+                   help="answer 503 when this many requests of the caller's tenant wait "
+                        "undelivered in its lane stream (0: no bound)")
     p.add_argument("--requests-per-minute", type=int, default=0,
                    help="per-tenant request quota, shared by all replicas through Redis (0: none)")
     p.add_argument("--max-concurrent", type=int, default=0,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import traceback
 
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HttpRequest
@@ -41,16 +41,16 @@ async def _client_gone(request: HttpRequest, exc: Exception) -> Response:
                                        code="client_closed_request"))
 
 
-async def _redis_failed(request: HttpRequest, exc: RedisError) -> Response:
-    # Refused connections, timeouts, LOADING, OOM, NOPERM, READONLY...: the queue cannot
-    # take the call now. Operators need the cause; the client needs only "retry later".
+async def _redis_failed(request: HttpRequest, exc: Exception) -> Response:
+    # Refused connections, timeouts, LOADING, OOM, NOPERM, READONLY, a cluster whose slots
+    # are not (yet) covered...: the queue cannot take the call now. Operators need the cause; the client needs only "retry later".
     logger.warning("redis unavailable: %s: %s", type(exc).__name__, redact(str(exc)))
     return error_response(unavailable(request.app.state.gateway.options.retry_after_s))
 
 
 EXCEPTION_HANDLERS = {GatewayError: _gateway_error, HTTPException: _http_error,
                       ClientGone: _client_gone, ClientDisconnect: _client_gone,
-                      RedisError: _redis_failed}
+                      RedisError: _redis_failed, RedisClusterException: _redis_failed}
 
 
 class Guard:

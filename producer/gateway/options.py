@@ -28,13 +28,16 @@ class GatewayOptions:
     """How one gateway serves.
 
     models: OpenAI model name -> fleet namespace (a worker's ``--model-name``).
-    api_keys: bearer key -> tenant; empty means no authentication (tenant ``default``).
+    api_keys: bearer key -> tenant; empty means no authentication (tenant ``default``). A
+        tenant must be in the fleet's registry (``fleet tenants add``) and allowed ``lane``,
+        else its calls are refused (403): no worker would read its stream.
     quotas: tenant -> :class:`Quota`; tenants not listed get ``default_quota``.
-    max_queue: answer 503 when a lane holds more undelivered requests than this (0: no bound).
+    max_queue: answer 503 when a tenant's stream of the lane holds this many undelivered
+        requests (0: no bound); each tenant has its own bound.
     retry_after_s: the ``Retry-After`` of a 503 and of a concurrency 429.
     default_max_tokens: a chat request's max_tokens when it gives none (completions: 16).
     request_timeout_s: each request's fleet deadline, from its arrival.
-    lane: the priority lane requests are enqueued into.
+    lane: the priority lane requests are enqueued into (each tenant's own stream of it).
     tokenizer: directory holding ``tokenizer.json``, to name logprob tokens.
     max_body_bytes: the largest request body read; more is a 413. The fleet refuses a
         payload over ``MAX_PAYLOAD_BYTES`` (its stream entries), so a larger body could

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 import msgspec
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 from starlette.requests import Request as HttpRequest
 
 from producer.client import AsyncFleetClient
@@ -171,7 +171,7 @@ class Call:
             except RequestFailed as exc:
                 yield sse(from_failure(exc.failure).body())
                 done = True
-            except RedisError as exc:
+            except (RedisError, RedisClusterException) as exc:
                 # Headers are sent: the error can only be the stream's last event. Not done:
                 # the request is cancelled in the fleet (if Redis lets us).
                 logger.warning("redis failed mid-stream of %s: %s", self.request_id,

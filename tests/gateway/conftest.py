@@ -3,8 +3,10 @@ embedded SmolLM2-135M-Instruct, and ``fleet gateway`` itself as a subprocess. (T
 ACL tests run fleets of their own, on the tiny random model.)
 
 The gateway serves ``smol`` (the worker's namespace) and ``idle`` (a namespace no worker
-serves, so its queue only fills). Tenants: ``acme`` (no quota), ``limited`` (2 requests a
-minute), ``single`` (1 request in flight).
+serves, so its queues only fill). Tenants, registered with ``fleet tenants add``: ``acme``
+and ``globex`` (no quota), ``limited`` (2 requests a minute), ``single`` (1 request in
+flight), ``batchonly`` (lane batch only: the gateway's lane is refused); the key
+``sk-ghost`` names a tenant that is not registered.
 """
 import json
 import os
@@ -18,16 +20,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from fleet_harness import WorkerFactory, tiny_model  # noqa: E402,F401
-from gateway_harness import GatewayProcess, start_gateway  # noqa: E402
+from gateway_harness import GatewayProcess, register_tenants, start_gateway  # noqa: E402
 from redis_server import RedisServer, free_port  # noqa: E402
 
-KEYS = {"sk-acme": "acme", "sk-limited": "limited", "sk-single": "single"}
+KEYS = {"sk-acme": "acme", "sk-globex": "globex", "sk-limited": "limited",
+        "sk-single": "single", "sk-batchonly": "batchonly", "sk-ghost": "ghost"}
 QUEUE_BOUND = 3
 
 
 @pytest.fixture(scope="session")
 def fleet_redis():
     server = RedisServer().start()
+    register_tenants(server.url, "acme", "globex", "limited", "single")
+    register_tenants(server.url, "batchonly", lanes="batch")
     yield server
     server.stop()
 

@@ -16,6 +16,14 @@ from redis_server import REPO, subprocess_env
 ERROR_FIELDS = {"message", "type", "param", "code"}
 
 
+def register_tenants(redis_url: str, *names: str, lanes: str = "default,batch") -> None:
+    """``fleet tenants add NAME`` for each name, as an operator would."""
+    from producer.cli import main
+
+    for name in names:
+        assert main(["tenants", "add", name, "--lanes", lanes, "--redis-url", redis_url]) == 0
+
+
 @dataclass
 class GatewayProcess:
     url: str

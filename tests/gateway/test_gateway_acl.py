@@ -35,8 +35,8 @@ def test_ready_and_serving_as_the_shipped_gateway_user(acl_fleet):
     server, gateway = acl_fleet
     reply = httpx.get(gateway.url + "/ready", timeout=30)
     assert reply.status_code == 200, reply.text
-    # the queue is readable with the user's commands; the worker registry is not (by design)
-    assert reply.json() == {"status": "ready", "queued": {"tiny": 0}, "workers": {"tiny": None}}
+    # the registry, the queue and the count of live workers are readable with its commands
+    assert reply.json() == {"status": "ready", "queued": {"tiny": 0}, "workers": {"tiny": 1}}
 
     body = {"model": "tiny", "prompt": "Once upon", "max_tokens": 4, "temperature": 0,
             "ignore_eos": True}

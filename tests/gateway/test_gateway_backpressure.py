@@ -11,7 +11,6 @@ import redis
 from conftest import QUEUE_BOUND
 from redis_server import wait_until
 
-from producer import FleetClient
 from producer.status import collect
 from shared import codec, keys
 
@@ -47,22 +46,30 @@ def test_disconnect_mid_stream_cancels_and_frees_blocks(openai_client, fleet_red
                and float(s["kv_usage"]) == 0.0, what="the worker's blocks freed")
 
 
-def test_overfull_queue_answers_503_with_retry_after(gateway_url, fleet_redis):
-    with FleetClient(fleet_redis.url, model="idle") as fleet:  # no worker serves "idle"
-        for _ in range(QUEUE_BOUND):
-            fleet.submit(prompt="queued", max_tokens=1)
+def test_overfull_queue_answers_503_with_retry_after_for_that_tenant_only(gateway_url,
+                                                                          fleet_redis):
+    r = redis.Redis.from_url(fleet_redis.url)
+    acme, globex = (keys.stream_key("idle", t, "default") for t in ("acme", "globex"))
+    for _ in range(QUEUE_BOUND):  # acme's own queue of "idle" (no worker serves it) is full
+        r.xadd(acme, {keys.STREAM_FIELD: b"{}"})
     try:
         reply = httpx.post(gateway_url + "/v1/completions", json={"model": "idle", "prompt": "hi"},
                            headers={"Authorization": "Bearer sk-acme"})
         assert reply.status_code == 503 and reply.headers["Retry-After"] == "7"
         error = reply.json()["error"]
-        assert error["code"] == "overloaded"
+        assert error["code"] == "overloaded" and "tenant 'acme'" in error["message"]
         assert f"{QUEUE_BOUND} requests are waiting" in error["message"]
         with pytest.raises(openai.InternalServerError) as exc:
             _client(gateway_url, "sk-acme").completions.create(model="idle", prompt="hi")
         assert exc.value.status_code == 503
+        assert r.xlen(acme) == QUEUE_BOUND  # nothing more enqueued
+        # another tenant's queue is its own: globex is admitted, into its own stream
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(gateway_url + "/v1/completions", json={"model": "idle", "prompt": "hi"},
+                       headers={"Authorization": "Bearer sk-globex"}, timeout=3)
+        assert r.xlen(globex) == 1
     finally:
-        redis.Redis.from_url(fleet_redis.url).delete(keys.stream_key("idle", "default"))
+        r.delete(acme, globex)
 
 
 def test_spent_rate_quota_answers_429_with_retry_after(gateway_url):

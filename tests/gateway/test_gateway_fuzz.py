@@ -17,7 +17,7 @@ import pytest
 import redis
 from fleet_harness import WorkerFactory
 from fuzz_strategies import headers, methods, mutated_requests, paths, raw_bodies
-from gateway_harness import check_answer, raw_request, start_gateway
+from gateway_harness import check_answer, raw_request, register_tenants, start_gateway
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from redis_server import RedisServer, free_port, wait_until
@@ -37,6 +37,7 @@ GREEDY = {"temperature": 0, "max_tokens": 6, "extra_body": {"ignore_eos": True}}
 def fuzz_fleet(tmp_path_factory, tiny_model):
     tmp = tmp_path_factory.mktemp("fuzz")
     server = RedisServer().start()
+    register_tenants(server.url, "fuzz", "valid")
     workers = WorkerFactory(server, tiny_model, tmp)
     worker = workers.start(wait=False)
     (tmp / "keys.json").write_text(json.dumps({"keys": {"sk-fuzz": "fuzz", "sk-valid": "valid"},
@@ -47,7 +48,7 @@ def fuzz_fleet(tmp_path_factory, tiny_model):
                             "--retry-after", "1")
     r = redis.Redis.from_url(server.url)
     for _ in range(QUEUE_BOUND):  # no worker serves "idle": a valid request there is a 503
-        r.xadd(keys.stream_key("idle", "default"), {keys.STREAM_FIELD: b"{}"})
+        r.xadd(keys.stream_key("idle", "fuzz", "default"), {keys.STREAM_FIELD: b"{}"})
     workers.wait_ready(worker)
     yield gateway, r
     gateway.stop()

@@ -45,7 +45,7 @@ def test_body_over_the_fleet_limit_is_413_at_once(gateway_url, fleet_redis):
     # it unread (no id to answer), so the call waited out its 630 s holding the one slot.
     body = _chat("€" * 96_000, "€" * 96_000)
     assert L.MAX_PAYLOAD_BYTES < len(body) < 1024 * 1024
-    stream = keys.stream_key("idle", "default")
+    stream = keys.stream_key("idle", "single", "default")
     before = redis.Redis.from_url(fleet_redis.url).xlen(stream)
     started = time.monotonic()
     _assert_413(_post(gateway_url, body))

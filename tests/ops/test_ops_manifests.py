@@ -1,10 +1,13 @@
 """The manifests name only what exists: images, sub-commands, flags, ports, probe paths,
 streams and metrics are checked against the code (the real argument parsers, the real
-metric registries, the key module)."""
+metric registries, the key module), and the KEDA triggers use only the fields KEDA's
+scalers read."""
 from __future__ import annotations
 
 import json
 import re
+import shutil
+import subprocess
 import tomllib
 
 import pytest
@@ -18,10 +21,21 @@ from producer.cli import build_parser as producer_parser
 from shared import keys
 
 K8S = REPO / "ops" / "k8s"
+CLUSTER_KEDA = K8S / "redis-cluster" / "keda-scaledobject.yaml"
 VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
 IMAGE = f"redis-llm-fleet:{VERSION}"
 PROBE_PATHS = {"worker": {"/healthz", "/readyz", "/metrics"}, "exporter": {"/metrics"},
                "gateway": {"/health", "/ready"}}
+# The metadata KEDA's scalers read (keda.sh/docs/latest/scalers/): anything else is a typo.
+KEDA_FIELDS = {
+    "prometheus": {"serverAddress", "query", "threshold", "activationThreshold",
+                   "ignoreNullValues", "namespace", "customHeaders", "queryParameters",
+                   "unsafeSsl", "authModes"},
+    "redis-cluster-streams": {"addresses", "hosts", "ports", "addressesFromEnv", "hostsFromEnv",
+                              "portsFromEnv", "usernameFromEnv", "passwordFromEnv", "stream",
+                              "consumerGroup", "pendingEntriesCount", "streamLength", "lagCount",
+                              "activationLagCount", "enableTLS", "unsafeSsl"},
+}
 
 
 def _docs() -> list[dict]:
@@ -44,9 +58,9 @@ def metric_names() -> set[str]:
     for family in WorkerMetrics("x").registry.collect():
         suffixes = {"counter": ["_total"], "histogram": ["", "_bucket", "_count", "_sum"]}
         names |= {family.name + s for s in suffixes.get(family.type, [""])}
-    report = {"model": "x", "dead_letters": 0, "workers": {},
-              "streams": {lane: {"length": 0, "lag": 0, "pending": 0, "consumers": 0}
-                          for lane in keys.LANES}}
+    lanes = {lane: {"length": 0, "lag": 0, "pending": 0, "consumers": 0} for lane in keys.LANES}
+    report = {"model": "x", "dead_letters": 0, "workers": {}, "tenants": {"acme": lanes},
+              "legacy": lanes, "streams": lanes, "invalid_tenants": []}
     names |= {f.name for f in exporter.families([report])}
     return names | {"fleet:queue_up", "fleet:exporter_scrape_seconds"}
 
@@ -98,29 +112,78 @@ def test_probe_paths_exist_in_the_code():
     assert 'Route("/health"' in app and 'Route("/ready"' in app
 
 
-def test_keda_scales_every_lane_on_lag_and_pending_from_zero():
-    docs = {d["kind"]: d for d in _docs() if d["apiVersion"].startswith("keda.sh/")}
-    spec = docs["ScaledObject"]["spec"]
-    assert spec["minReplicaCount"] == 0
+def _worker_model() -> str:
+    workers = [c for _, c in _containers() if c["args"][0] == "worker"]
+    return _flag(workers[0]["args"], "--model-name")
+
+
+def _scaled_object(docs: list[dict]) -> dict:
+    (scaled,) = [d for d in docs if d["kind"] == "ScaledObject"]
+    assert scaled["spec"]["minReplicaCount"] == 0
     workers = [w for w, c in _containers() if c["args"][0] == "worker"]
-    assert spec["scaleTargetRef"]["name"] == workers[0]["metadata"]["name"]
-    by_stream: dict[str, set[str]] = {}
+    assert scaled["spec"]["scaleTargetRef"]["name"] == workers[0]["metadata"]["name"]
+    for trigger in scaled["spec"]["triggers"]:
+        assert set(trigger["metadata"]) <= KEDA_FIELDS[trigger["type"]], trigger
+    return scaled
+
+
+def test_keda_scales_from_zero_on_the_exporters_backlog():
+    spec = _scaled_object([d for d in _docs() if d["apiVersion"].startswith("keda.sh/")])["spec"]
+    model = _worker_model()
+    exporter_args = next(c["args"] for _, c in _containers() if c["args"][0] == "exporter")
+    assert model in _flag(exporter_args, "--models").split(",")
+    queries = {}
     for trigger in spec["triggers"]:
         meta = trigger["metadata"]
-        assert trigger["type"] == "redis-streams" and meta["consumerGroup"] == keys.GROUP
-        assert trigger["authenticationRef"]["name"] == docs["TriggerAuthentication"]["metadata"]["name"]
-        by_stream.setdefault(meta["stream"], set()).update(
-            k for k in ("lagCount", "pendingEntriesCount") if k in meta)
-        if "lagCount" in meta:
-            assert meta["activationLagCount"] == "0"  # one waiting request wakes the fleet
-    assert by_stream == {keys.stream_key("default", lane): {"lagCount", "pendingEntriesCount"}
-                         for lane in keys.LANES}
+        assert trigger["type"] == "prometheus" and meta["serverAddress"].startswith("http")
+        assert meta["activationThreshold"] == "0"  # one waiting request wakes the fleet
+        assert meta["ignoreNullValues"] == "false"  # an unreadable queue is not an empty one
+        named = set(re.findall(r"fleet:[a-z_]+", meta["query"]))
+        assert named and named <= metric_names(), meta["query"]
+        assert f'model_name="{model}"' in meta["query"]
+        queries[trigger["name"]] = meta["query"]
+    assert queries["backlog"] == f'sum(fleet:queue_backlog{{model_name="{model}"}})'
+    assert spec["fallback"]["replicas"] >= 1  # what KEDA holds while the queue is unreadable
+
+
+def test_keda_cluster_variant_triggers_on_tenant_streams():
+    docs = [d for d in yaml.safe_load_all(CLUSTER_KEDA.read_text()) if d]
+    scaled = _scaled_object(docs)
+    main_scaled = next(d for d in _docs() if d["kind"] == "ScaledObject")
+    assert scaled["metadata"] == main_scaled["metadata"]  # it replaces the primary one
+    (auth,) = [d for d in docs if d["kind"] == "TriggerAuthentication"]
     secrets = {d["metadata"]["name"]: d for d in _docs() if d["kind"] == "Secret"}
-    for ref in docs["TriggerAuthentication"]["spec"]["secretTargetRef"]:
+    for ref in auth["spec"]["secretTargetRef"]:
+        assert ref["parameter"] in {"username", "password"}
         assert ref["key"] in secrets[ref["name"]]["stringData"]
     redis_port = next(p["port"] for d in _docs() if d["kind"] == "Service"
                       and d["metadata"]["name"] == "redis" for p in d["spec"]["ports"])
-    assert all(t["metadata"]["address"].endswith(f":{redis_port}") for t in spec["triggers"])
+    by_stream: dict[str, set[str]] = {}
+    for trigger in scaled["spec"]["triggers"]:
+        meta = trigger["metadata"]
+        assert trigger["type"] == "redis-cluster-streams" and meta["consumerGroup"] == keys.GROUP
+        assert trigger["authenticationRef"]["name"] == auth["metadata"]["name"]
+        assert all(a.rsplit(":", 1)[1] == str(redis_port) for a in meta["addresses"].split(","))
+        by_stream.setdefault(meta["stream"], set()).update(
+            k for k in ("lagCount", "pendingEntriesCount") if k in meta)
+        if "lagCount" in meta:
+            assert meta["activationLagCount"] == "0"
+    model = _worker_model()
+    expected = {keys.stream_key(model, "acme", "high"), keys.stream_key(model, "acme", "default"),
+                keys.stream_key(model, "globex", "batch")}
+    assert by_stream == {s: {"lagCount", "pendingEntriesCount"} for s in expected}
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
+def test_keda_queries_are_valid_promql(tmp_path):
+    spec = next(d for d in _docs() if d["kind"] == "ScaledObject")["spec"]
+    rules = {"groups": [{"name": "keda", "rules": [
+        {"record": f"keda:{t['name'].replace('-', '_')}", "expr": t["metadata"]["query"]}
+        for t in spec["triggers"]]}]}
+    (tmp_path / "keda.yml").write_text(yaml.safe_dump(rules))
+    done = subprocess.run(["promtool", "check", "rules", str(tmp_path / "keda.yml")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_dockerfile_matches_the_code():
@@ -140,7 +203,7 @@ def test_dockerfile_matches_the_code():
 
 
 @pytest.mark.parametrize("path", ["ops/prometheus/alerts.yml", "ops/grafana/fleet-dashboard.json",
-                                  "docs/operations.md"])
+                                  "docs/operations.md", "ops/k8s/keda-scaledobject.yaml"])
 def test_only_existing_metrics_are_named(path):
     text = (REPO / path).read_text()
     named = set(re.findall(r"fleet:[a-z][a-z0-9_]*(?::[a-z0-9_]+)*", text))
