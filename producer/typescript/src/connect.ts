@@ -5,6 +5,7 @@
  */
 import { Cluster, Redis } from "ioredis";
 import type { ClusterOptions, RedisOptions } from "ioredis";
+import { ConnectionFailed } from "./errors";
 
 export type Connection = Redis | Cluster;
 
@@ -36,6 +37,17 @@ export function urlOptions(url: string): RedisOptions & { host: string; port: nu
   };
 }
 
+/** The URL without its password (for messages). */
+export function redact(url: string): string {
+  try {
+    const u = new URL(url);
+    if (u.password) u.password = "***";
+    return u.toString();
+  } catch {
+    return "(an invalid URL)";
+  }
+}
+
 /** The defaults every connection of the client uses: a tenant's ACL user may not run CLIENT. */
 export const BASE_OPTIONS: RedisOptions = { disableClientInfo: true, maxRetriesPerRequest: 20 };
 
@@ -49,8 +61,9 @@ export async function probe(url: string, options: RedisOptions = {}): Promise<{ 
     const major = Number(/^redis_version:(\d+)/m.exec(info)?.[1] ?? "7");
     return { cluster: /^cluster_enabled:1\s*$/m.test(info), major };
   } catch (err) {
-    if (String((err as Error).message).startsWith("NOPERM")) return { cluster: false, major: 7 };
-    throw err;
+    const message = String((err as Error).message);
+    if (message.startsWith("NOPERM")) return { cluster: false, major: 7 };
+    throw new ConnectionFailed(`cannot use the Redis at ${redact(url)}: ${message}`);
   } finally {
     node.disconnect();
   }
@@ -89,7 +102,7 @@ export async function connect(url: string, options: ConnectOptions = {}): Promis
       const c = redis as Cluster;
       if (c.status === "ready") return resolve();
       c.once("ready", () => resolve());
-      c.once("end", () => reject(new Error(`could not connect to the cluster at ${url}`)));
+      c.once("end", () => reject(new ConnectionFailed(`could not connect to the cluster at ${redact(url)}`)));
     });
   }
   return { redis, cluster, sharded: cluster && found.major >= 7 };

@@ -45,3 +45,8 @@ export class FleetTimeout extends FleetError {
 export class StreamClosed extends FleetError {
   override name = "StreamClosed";
 }
+
+/** The Redis server or cluster at the URL could not be reached (or refused the connection). */
+export class ConnectionFailed extends FleetError {
+  override name = "ConnectionFailed";
+}

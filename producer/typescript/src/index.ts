@@ -5,7 +5,7 @@ export { runBatch } from "./batch";
 export type { BatchOptions, BatchOutcome } from "./batch";
 export { connect, defaultRedisUrl } from "./connect";
 export type { Connection, ConnectOptions } from "./connect";
-export { FleetError, FleetTimeout, InvalidRequest, PayloadTooLarge, RequestFailed, StreamClosed } from "./errors";
+export { ConnectionFailed, FleetError, FleetTimeout, InvalidRequest, PayloadTooLarge, RequestFailed, StreamClosed } from "./errors";
 export { encodeRequest } from "./codec";
 export { validateRequest } from "./validate";
 export { decodeEvent, FAILURE_CODES, UndecodableEvent } from "./protocol";
