@@ -49,6 +49,9 @@ class _Live:
     prompt_counted: bool = False
 
 
+MAX_TENANT_LABELS = 100
+
+
 class WorkerMetrics:
     def __init__(self, model_name: str = "default", *,
                  registry: CollectorRegistry | None = None, process: bool = False) -> None:
@@ -97,6 +100,12 @@ class WorkerMetrics:
                               "missing, denied, oom, redirect, request)", ("kind",))
         self.refusing_writes = g("fleet:redis_refusing_writes",
                            "1 while Redis refuses writes (out of memory): no new work is read")
+        self.tenant_held = Gauge("fleet:tenant_requests_held", "Requests of a tenant held here "
+                                 "(running or waiting)", ["model_name", "tenant"],
+                                 registry=self.registry)
+        self.tenant_tokens = c("fleet:tenant_generation_tokens", "Tokens generated for a tenant",
+                               ("tenant",))
+        self._tenant_labels: dict[str, str] = {}
 
     # -- construction ------------------------------------------------------------------
     def _gauge(self, name: str, doc: str):
@@ -131,6 +140,27 @@ class WorkerMetrics:
             if inf is not None:  # otherwise fenced: another worker owns it now
                 self.on_delta(delta, enqueue_time(inf.entry.entry_id), now,
                               resumed=bool(inf.prior_token_ids))
+                if delta.new_token_ids:
+                    self.tenant_tokens.labels(self.model_name, self.tenant_label(
+                        inf.tenant)).inc(len(delta.new_token_ids))
+        self.on_held(inflight)
+
+    def tenant_label(self, tenant: str) -> str:
+        """The tenant's label value: its name for the first MAX_TENANT_LABELS seen, then
+        ``_other`` (label cardinality stays bounded however many tenants there are)."""
+        label = self._tenant_labels.get(tenant)
+        if label is None:
+            label = tenant if len(self._tenant_labels) < MAX_TENANT_LABELS else "_other"
+            self._tenant_labels[tenant] = label
+        return label
+
+    def on_held(self, inflight: dict) -> None:
+        counts = dict.fromkeys(set(self._tenant_labels.values()), 0)
+        for inf in inflight.values():
+            label = self.tenant_label(inf.tenant)
+            counts[label] = counts.get(label, 0) + 1
+        for label, n in counts.items():
+            self.tenant_held.labels(self.model_name, label).set(n)
 
     def on_step(self, duration: float, stats: dict, *, num_queued: int = 0) -> None:
         """Load after a pass; ``duration`` is 0 when no step ran."""

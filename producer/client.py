@@ -15,13 +15,12 @@ import uuid
 from typing import Any
 
 import msgspec
-import redis.asyncio as aioredis
 import redis.exceptions
 
 from producer.errors import PayloadTooLarge
 from producer.stream import RequestStream
 from producer.subscriptions import Subscriptions
-from shared import codec, keys, limits
+from shared import codec, connect, keys, limits
 from shared.protocol import Cancel, Failure, Request, Result, Token
 
 logger = logging.getLogger(__name__)
@@ -41,35 +40,54 @@ def encode_request(request: Request) -> bytes:
 
 
 class AsyncFleetClient:
-    """Submits to one model's streams. ``tenant`` is the default for requests and lookups.
+    """Submits to one tenant's streams of one model; ``tenant`` is also the default for
+    lookups. The URL may name a single server or any node of a Redis Cluster (told apart
+    when the client first connects).
 
     poll_s: how long a stream waits in silence before reading the stored state (covers
     lost pub/sub messages); batch pipelines with many requests in flight use a larger one.
     """
 
     def __init__(self, redis_url: str | None = None, *, model: str = "default",
-                 tenant: str = "default", poll_s: float = 2.0) -> None:
+                 tenant: str = keys.DEFAULT_TENANT, poll_s: float = 2.0,
+                 **redis_options: Any) -> None:
         self.model = keys.check_model(model)
-        self.tenant = tenant
+        self.tenant = keys.check_tenant(tenant)
         self.poll_s = poll_s
-        self.redis = aioredis.from_url(redis_url or default_redis_url(), decode_responses=False)
+        self.url = redis_url or default_redis_url()
+        self._redis_options = {"decode_responses": False, **redis_options}
+        self._redis = None
         self._subs: Subscriptions | None = None
 
     async def __aenter__(self) -> "AsyncFleetClient":
+        await self.connect()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    async def connect(self):
+        """The Redis client (a cluster client where the server is a cluster node)."""
+        if self._redis is None:
+            self._redis = await connect.async_client(self.url, **self._redis_options)
+        return self._redis
+
+    @property
+    def redis(self):
+        if self._redis is None:
+            raise RuntimeError("not connected: use `async with` or await connect() first")
+        return self._redis
+
     async def close(self) -> None:
         if self._subs is not None:
             await self._subs.close()
-        await self.redis.aclose()
+        if self._redis is not None:
+            await self._redis.aclose()
 
     async def _subscriptions(self) -> Subscriptions:
         if self._subs is None:
-            info = await self.redis.info("cluster")
-            self._subs = Subscriptions(self.redis, sharded=info.get("cluster_enabled") == 1)
+            client = await self.connect()
+            self._subs = Subscriptions(client, sharded=connect.is_cluster(client))
         return self._subs
 
     def make_request(self, request: Request | None = None, **fields: Any) -> Request:
@@ -88,12 +106,14 @@ class AsyncFleetClient:
         stored result is returned), and a duplicate entry is never generated twice.
         """
         request = self.make_request(request, **fields)
+        if request.tenant is None:
+            request = msgspec.structs.replace(request, tenant=self.tenant)
         payload = encode_request(request)
         stream = await self.watch(request.request_id, request.tenant)
         if stream.done:
             return stream
         try:
-            await self.redis.xadd(keys.stream_key(self.model, request.priority),
+            await self.redis.xadd(keys.stream_key(self.model, request.tenant, request.priority),
                                   {keys.STREAM_FIELD: payload})
         except BaseException:  # not enqueued (OOM, NOPERM, lost): no subscription left behind
             await stream.close()
@@ -122,6 +142,7 @@ class AsyncFleetClient:
                      ttl_s: int = 24 * 3600) -> None:
         """Cancel a queued or running request; it ends with finish reason ``cancelled``."""
         tenant = tenant or self.tenant
+        await self.connect()
         # The key is what makes cancellation certain; the notice only makes it quick, and a
         # tenant's ACL user may not be allowed to publish it.
         await self.redis.set(keys.cancel_key(tenant, request_id), b"1", ex=ttl_s)
@@ -133,11 +154,13 @@ class AsyncFleetClient:
 
     async def get_result(self, request_id: str, tenant: str | None = None) -> Result | Failure | None:
         """The stored terminal event, or None while the request has not ended."""
+        await self.connect()
         raw = await self.redis.hget(keys.state_key(tenant or self.tenant, request_id), "result")
         return None if raw is None else codec.decode_terminal(raw)
 
     async def get_progress(self, request_id: str, tenant: str | None = None) -> list[Token]:
         """The stored token events, deduplicated, in order."""
+        await self.connect()
         raw = await self.redis.lrange(keys.progress_key(tenant or self.tenant, request_id), 0, -1)
         events, seen = [], 0
         for item in raw:

@@ -6,6 +6,7 @@ import logging
 from collections.abc import AsyncIterator
 
 import msgspec
+from redis.exceptions import RedisError
 import redis.asyncio as aioredis
 
 from producer.errors import RequestFailed
@@ -81,10 +82,12 @@ class RequestStream:
         try:
             raw = await asyncio.wait_for(self._queue.get(), self._poll_s)
         except asyncio.TimeoutError:
-            await self.recover()
-            return
+            raw = RECONNECTED
         if raw is RECONNECTED:
-            await self.recover()
+            try:
+                await self.recover()
+            except (RedisError, OSError) as exc:  # Redis is failing over: the next poll retries
+                logger.info("cannot read the stored progress of %s yet: %r", self.request_id, exc)
             return
         try:
             event = codec.decode_event(raw)
@@ -109,10 +112,11 @@ class RequestStream:
 
     async def recover(self) -> None:
         """Fill from the durable progress and result (what pub/sub may have dropped)."""
-        pipe = self._client.pipeline(transaction=False)
-        pipe.lrange(keys.progress_key(self.tenant, self.request_id), 0, -1)
-        pipe.hget(keys.state_key(self.tenant, self.request_id), "result")
-        progress, stored = await pipe.execute()
+        # Two plain commands (each retried through a cluster failover by the client), not
+        # a pipeline: redis-py's cluster pipeline does not survive a node going away.
+        progress, stored = await asyncio.gather(
+            self._client.lrange(keys.progress_key(self.tenant, self.request_id), 0, -1),
+            self._client.hget(keys.state_key(self.tenant, self.request_id), "result"))
         for raw in progress:
             self._take(codec.decode_token(raw))
         if stored is not None and self._terminal is None:

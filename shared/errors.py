@@ -9,6 +9,7 @@ TOO_DEEP = "too_deep"  # JSON nested deeper than MAX_JSON_DEPTH
 UNSUPPORTED_VERSION = "unsupported_version"
 POISON = "poison"  # delivered too many times without finishing
 INTERNAL = "internal"  # the engine failed on this request
+TENANT_MISMATCH = "tenant_mismatch"  # the payload names a tenant other than its stream's
 
 
 class ProtocolError(ValueError):

@@ -1,9 +1,11 @@
 """Every Redis key and channel name of the fleet, in one place.
 
-Streams and worker keys are per model (``model`` is the worker's ``--model-name``). The
-keys of one request are derived from its tenant and request id only -- a payload never
-picks where output goes -- and share one hash tag ``{tenant/request_id}``, so a request's
-scripts touch a single Redis Cluster slot.
+Streams and worker keys are per model (``model`` is the worker's ``--model-name``). Each
+tenant has its own request stream per lane, all under the hash tag ``{tenant}``: one
+XREADGROUP reads a tenant's lanes, a cluster spreads tenants over slots, and an ACL
+pattern gives each tenant its own streams only. The keys of one request are derived from
+its tenant and request id only -- a payload never picks where output goes -- and share one
+hash tag ``{tenant/request_id}``, so a request's scripts touch a single Redis Cluster slot.
 """
 from __future__ import annotations
 
@@ -28,11 +30,44 @@ def check_model(model: str) -> str:
     return model
 
 
-def stream_key(model: str, lane: str) -> str:
-    """The request stream of one priority lane."""
+DEFAULT_TENANT = "default"
+
+
+def check_tenant(tenant: str) -> str:
+    if not _TENANT_RE.match(tenant):
+        raise ValueError(f"invalid tenant name {tenant!r}")
+    return tenant
+
+
+def check_lane(lane: str) -> str:
     if lane not in LANES:
         raise ValueError(f"unknown lane {lane!r}; expected one of {LANES}")
-    return f"{PREFIX}:{check_model(model)}:requests:{lane}"
+    return lane
+
+
+def tenant_tag(tenant: str) -> str:
+    return "{" + check_tenant(tenant) + "}"
+
+
+def stream_key(model: str, tenant: str, lane: str) -> str:
+    """One tenant's request stream of one priority lane."""
+    return f"{PREFIX}:{check_model(model)}:requests:{tenant_tag(tenant)}:{check_lane(lane)}"
+
+
+def stream_pattern(model: str, tenant: str) -> str:
+    """The ACL key pattern of every request stream of a tenant (any lane)."""
+    return f"{PREFIX}:{model}:requests:{tenant_tag(tenant)}:*"
+
+
+def legacy_stream_key(model: str, lane: str) -> str:
+    """The stream every tenant shared before per-tenant streams (drained after an upgrade;
+    nothing new is written there)."""
+    return f"{PREFIX}:{check_model(model)}:requests:{check_lane(lane)}"
+
+
+def tenants_key() -> str:
+    """Hash: tenant name -> its :class:`~shared.tenants.TenantConfig` JSON (every model)."""
+    return f"{PREFIX}:tenants"
 
 
 def dead_letter_key(model: str) -> str:

@@ -37,11 +37,13 @@ class Request(Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     ``temperature == 0`` is greedy. ``deadline`` is a Unix time in seconds: a request not
     started by then fails with ``timeout`` before any prefill; one running then stops.
     ``priority`` names the lane the producer enqueues into (the stream decides, not this).
+    ``tenant`` may be left out: the stream a request is read from names its tenant, and a
+    payload naming any other tenant fails with ``tenant_mismatch``.
     """
 
     v: Annotated[int, Meta(ge=1)] = L.PROTOCOL_VERSION
     request_id: RequestId
-    tenant: Tenant = "default"
+    tenant: Tenant | None = None
     prompt: Annotated[str, Meta(max_length=L.MAX_PROMPT_CHARS)] | None = None
     messages: Annotated[list[ChatMessage], Meta(max_length=L.MAX_MESSAGES)] | None = None
     prompt_token_ids: Annotated[list[TokenId], Meta(max_length=L.MAX_PROMPT_TOKENS)] | None = None

@@ -13,7 +13,7 @@ import pytest
 import redis
 from redis_server import REPO, RedisServer, subprocess_env
 
-from shared import codec, keys
+from shared import codec, connect, keys
 
 
 class ChannelListener:
@@ -85,7 +85,7 @@ class WorkerFactory:
         return worker
 
     def wait_ready(self, worker: WorkerProcess, timeout: float = 120) -> None:
-        client = redis.Redis.from_url(self.server.url)
+        client = connect.sync_client(self.server.url)  # a single server or a cluster
         deadline = time.monotonic() + timeout
         while not client.exists(keys.worker_key("default", worker.worker_id)):
             if worker.proc.poll() is not None:

@@ -34,8 +34,10 @@ def _ping(port: int) -> bool:
 class RedisServer:
     """``start()``, ``kill()`` (SIGKILL: state is lost, no persistence), ``restart()``."""
 
-    def __init__(self, port: int | None = None, *, cluster: bool = False) -> None:
+    def __init__(self, port: int | None = None, *, cluster: bool = False,
+                 extra_args: tuple[str, ...] = ()) -> None:
         self.cluster = cluster
+        self.extra_args = extra_args
         self.bus_port = free_port() if cluster else None  # the default (port + 10000) may not exist
         self.binary = os.environ.get("REDIS_SERVER") or shutil.which("redis-server") \
             or "/usr/bin/redis-server"
@@ -53,7 +55,8 @@ class RedisServer:
              "--appendonly", "no", "--dir", self.dir, "--protected-mode", "no",
              "--loglevel", "warning",
              *(["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                "--cluster-port", str(self.bus_port)] if self.cluster else [])],
+                "--cluster-port", str(self.bus_port)] if self.cluster else []),
+             *self.extra_args],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 10
         while not _ping(self.port):

@@ -110,7 +110,7 @@ async def redis_end_state(url: str, timeout_s: float) -> dict:
     """Wait (bounded) until every lane is drained and nothing is pending; then the figures,
     with the entry ids the dead-letter stream holds."""
     client = aioredis.from_url(url)
-    streams = [keys.stream_key("default", lane) for lane in keys.LANES]
+    streams = [keys.stream_key("default", "default", lane) for lane in keys.LANES]
     deadline = time.monotonic() + timeout_s
     lengths, pending = [-1], [-1]
     try:

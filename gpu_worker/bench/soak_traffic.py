@@ -197,7 +197,7 @@ class Traffic:
         kind = self.rng.choice(sorted(KINDS))
         request_id = f"bad-{next(self._ids)}"
         fields, codes = invalid_entry(kind, self.rng, request_id)
-        stream = keys.stream_key("default", "default")
+        stream = keys.stream_key("default", "default", "default")
         for _ in range(50):
             try:
                 async with self.gate:

@@ -18,6 +18,8 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+import msgspec
+
 from gpu_worker.edge import calls
 from gpu_worker.edge.inflight import Entry, Inflight, resume_state
 from gpu_worker.edge.options import WorkerOptions
@@ -26,7 +28,7 @@ from gpu_worker.edge.redis_io import RedisIO
 from gpu_worker.edge.scripts import Begun
 from gpu_worker.metrics import DISABLED, WorkerMetrics  # ops: metrics
 from gpu_worker.outputs import RequestDelta
-from shared import codec, errors
+from shared import codec, errors, keys
 from shared.errors import ProtocolError
 from shared.protocol import Request
 from shared.scan import scan
@@ -59,19 +61,31 @@ def plan(entry: Entry, options: WorkerOptions) -> _Plan:
     raw = entry.payload
     if entry.deliveries > options.max_deliveries:  # before parsing: it may be what kills us
         found = scan(raw)
-        return _Plan(entry, None, found.tenant, found.request_id, errors.POISON,
+        return _Plan(entry, None, _tenant(entry, found.tenant), found.request_id, errors.POISON,
                      f"delivered {entry.deliveries} times without finishing "
                      f"(limit {options.max_deliveries})")
     try:
         request = codec.decode_request(raw if raw is not None else b"")
     except ProtocolError as exc:
-        return _Plan(entry, None, exc.tenant, exc.request_id, exc.code, exc.message)
+        return _Plan(entry, None, _tenant(entry, exc.tenant), exc.request_id, exc.code,
+                     exc.message)
     except Exception as exc:  # noqa: BLE001 - a bug of ours must end this entry only
         logger.exception("decoding entry %s failed", entry.entry_id)
         found = scan(raw)
-        return _Plan(entry, None, found.tenant, found.request_id, errors.INTERNAL,
+        return _Plan(entry, None, _tenant(entry, found.tenant), found.request_id, errors.INTERNAL,
                      f"the worker could not decode this entry ({type(exc).__name__})")
-    return _Plan(entry, request, request.tenant, request.request_id)
+    tenant = _tenant(entry, request.tenant)
+    if entry.tenant is not None and request.tenant not in (None, entry.tenant):
+        return _Plan(entry, None, tenant, request.request_id, errors.TENANT_MISMATCH,
+                     f"the request names tenant {request.tenant!r} but was enqueued in the "
+                     f"stream of tenant {entry.tenant!r}")
+    return _Plan(entry, msgspec.structs.replace(request, tenant=tenant), tenant,
+                 request.request_id)
+
+
+def _tenant(entry: Entry, named: str | None) -> str:
+    """The stream's tenant; on the old shared streams, the one the payload names."""
+    return entry.tenant or named or keys.DEFAULT_TENANT
 
 
 async def accept(io: RedisIO, options: WorkerOptions, entries: list[Entry],

@@ -60,6 +60,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--result-ttl-s", type=int, default=d.result_ttl_s)
     g.add_argument("--drain-grace-s", type=float, default=d.drain_grace_s)
     g.add_argument("--heartbeat-s", type=float, default=d.heartbeat_s)
+    g.add_argument("--stream-interval-ms", type=int, default=d.stream_interval_ms,
+                   help="publish a request's tokens at most once per this interval, several "
+                        "per event (0: every engine step; first token and result never wait)")
+    g.add_argument("--tenants-refresh-s", type=float, default=d.tenants_refresh_s,
+                   help="how often the tenant registry is re-read")
+    g.add_argument("--no-legacy-streams", action="store_true",
+                   help="stop draining the pre-tenant shared streams (once they are empty)")
     g = parser.add_argument_group("operations")  # ops: metrics and probes
     g.add_argument("--metrics-port", type=int, default=0,
                    help="serve /metrics, /healthz, /readyz on this port (0: off)")
@@ -93,7 +100,10 @@ def worker_options(args: argparse.Namespace) -> WorkerOptions:
         lanes=tuple(x for x in args.lanes.split(",") if x), local_queue=args.local_queue,
         block_ms=args.block_ms, claim_idle_ms=args.claim_idle_ms,
         max_deliveries=args.max_deliveries, result_ttl_s=args.result_ttl_s,
-        drain_grace_s=args.drain_grace_s, heartbeat_s=args.heartbeat_s, **extra)
+        drain_grace_s=args.drain_grace_s, heartbeat_s=args.heartbeat_s,
+        stream_interval_ms=args.stream_interval_ms,
+        tenants_refresh_s=args.tenants_refresh_s, legacy_streams=not args.no_legacy_streams,
+        **extra)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -33,6 +33,14 @@ class WorkerOptions:
         back (with their progress) for another worker.
     heartbeat_s: how often the worker's status hash is refreshed (TTL 3x this).
     dead_letter_maxlen: approximate cap of the dead-letter stream (served work only).
+    tenants_refresh_s: how often the tenant registry is re-read (tenants added or removed
+        are served, or no longer read, within this time; no restart).
+    legacy_streams: also drain the streams every tenant shared before per-tenant streams
+        (``fleet:<model>:requests:<lane>``), so an upgrade loses nothing; the payload names
+        the tenant there (only operators can still write them).
+    stream_interval_ms: coalesce a request's token events so each is published at most
+        once per this interval (0: every engine step, the lowest latency). The first token
+        and the terminal event are never delayed.
     """
 
     redis_url: str = "redis://127.0.0.1:6379/0"
@@ -47,6 +55,9 @@ class WorkerOptions:
     drain_grace_s: float = 25.0
     heartbeat_s: float = 2.0
     dead_letter_maxlen: int = 100_000
+    tenants_refresh_s: float = 5.0
+    legacy_streams: bool = True
+    stream_interval_ms: int = 0
 
     def __post_init__(self) -> None:
         keys.check_model(self.model_name)

@@ -5,11 +5,10 @@ import asyncio
 import logging
 import random
 
-import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError, OutOfMemoryError, ResponseError
 
 from gpu_worker.edge import scripts
-from shared import keys
+from shared import connect, keys
 
 logger = logging.getLogger(__name__)
 
@@ -32,27 +31,42 @@ class Backoff:
 
 
 class RedisIO:
-    """One client (a connection pool) plus what the worker derives from the server."""
+    """One client (a connection pool; per node on a cluster) plus what the worker derives
+    from the server. ``client`` exists once :meth:`detect` has run."""
 
-    def __init__(self, url: str) -> None:
-        self.client = aioredis.from_url(url, decode_responses=False, socket_keepalive=True,
-                                        health_check_interval=30)
+    def __init__(self, url: str, extra_scripts: dict[str, str] | None = None) -> None:
+        self.url = url
+        self.client = None
+        self.cluster = False
         self.publish_command = "PUBLISH"
         self.version: tuple[int, ...] = (0,)
+        self.scripts = {**{n: s.source for n, s in scripts.ALL.items()}, **(extra_scripts or {})}
+        self.shas = {n: scripts.Script(n, src).sha for n, src in self.scripts.items()}
 
     async def detect(self) -> None:
-        """Read the server version; use sharded pub/sub where the server is a cluster."""
+        """Connect (a cluster client where the server is a cluster node), read the server
+        version, pick the pub/sub command (sharded on a cluster), load the scripts."""
+        if self.client is None:
+            self.client = await connect.async_client(
+                self.url, decode_responses=False, socket_keepalive=True, health_check_interval=30)
+            self.cluster = connect.is_cluster(self.client)
         info = await self.client.info("server")
+        if self.cluster:  # one reply per node, or the default node's
+            info = next(iter(info.values())) if "redis_version" not in info else info
         self.version = tuple(int(x) for x in str(info["redis_version"]).split(".")[:2])
         if self.version < MIN_VERSION:
             raise RuntimeError(f"Redis {info['redis_version']} is too old; need >= 6.2")
-        cluster = (await self.client.info("cluster")).get("cluster_enabled") == 1
-        self.publish_command = "SPUBLISH" if cluster and self.version >= (7, 0) else "PUBLISH"
+        self.publish_command = "SPUBLISH" if self.cluster and self.version >= (7, 0) else "PUBLISH"
         await self.load_scripts()
 
     async def load_scripts(self) -> None:
-        for script in scripts.ALL.values():
-            await self.client.script_load(script.source)
+        """Into every primary on a cluster (scripts are cached per node)."""
+        for source in self.scripts.values():
+            if self.cluster:
+                await self.client.execute_command("SCRIPT", "LOAD", source,
+                                                  target_nodes=self.client.get_primaries())
+            else:
+                await self.client.script_load(source)
 
     async def ensure_groups(self, streams: list[str]) -> None:
         """Create the group of every stream from id 0 (never ``$``: entries added while the
@@ -80,7 +94,9 @@ class RedisIO:
             for call in calls:
                 if call[0] == "script":
                     _, name, script_keys, args = call
-                    pipe.evalsha(scripts.SHAS[name], len(script_keys), *script_keys, *args)
+                    # (raw: redis-py refuses pipe.evalsha on a cluster, but routes this by KEYS)
+                    pipe.execute_command("EVALSHA", self.shas[name], len(script_keys),
+                                         *script_keys, *args)
                 else:
                     pipe.execute_command(*call)
             results = await pipe.execute(raise_on_error=False)
@@ -98,4 +114,5 @@ class RedisIO:
         return result
 
     async def close(self) -> None:
-        await self.client.aclose()
+        if self.client is not None:
+            await self.client.aclose()

@@ -14,11 +14,13 @@ import time
 from gpu_worker.edge import calls, maintenance
 from gpu_worker.edge.accept import accept
 from gpu_worker.edge.engine_loop import EngineThread
+from gpu_worker.edge.fairshare import FairShare, Held, estimate_tokens
 from gpu_worker.edge.intake import Intake
 from gpu_worker.edge.options import WorkerOptions
 from gpu_worker.edge.publisher import Publisher
 from gpu_worker.edge.redis_errors import Kind
 from gpu_worker.edge.redis_io import Backoff, RedisIO
+from gpu_worker.edge.sources import SCRIPTS, Sources
 from gpu_worker.edge.state import WorkerState
 from gpu_worker.metrics import WorkerMetrics  # ops: metrics
 from shared import keys
@@ -37,12 +39,14 @@ class Worker:
     def __init__(self, engine, options: WorkerOptions,
                  metrics: WorkerMetrics | None = None) -> None:
         self.options = options
-        io = RedisIO(options.redis_url)
+        io = RedisIO(options.redis_url, extra_scripts=SCRIPTS)
         engine_thread = EngineThread(engine, on_output=self._from_engine_thread)
         self.state = WorkerState(options=options, io=io, engine=engine_thread,
                                  metrics=metrics or WorkerMetrics(options.model_name))  # ops
         self.publisher = Publisher(self.state)
-        self.intake = Intake(io, options)
+        self.sources = Sources(io, options)
+        self.fair = FairShare()
+        self.intake = Intake(io, options, self.sources, self.fair)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._drain_requested = asyncio.Event()
 
@@ -64,7 +68,8 @@ class Worker:
         await self._connect()
         self.state.engine.start()
         self.state.metrics.health.serving(self.state)  # ops: readiness
-        logger.info("worker %s serving %s", self.options.worker_id, ", ".join(self.intake.streams))
+        logger.info("worker %s serving %s", self.options.worker_id,
+                    ", ".join(self.sources.by_name) or "no tenant yet")
         tasks = [asyncio.create_task(coro) for coro in (
             self.publisher.run(), maintenance.lease_loop(self.state),
             maintenance.heartbeat_loop(self.state), maintenance.control_loop(self.state),
@@ -93,7 +98,7 @@ class Worker:
         while True:
             try:
                 await self.state.io.detect()
-                await self.state.io.ensure_groups(list(self.intake.streams))
+                await self.sources.refresh()
                 self.state.redis.on_ok(wrote=False)
                 return
             except Exception as exc:  # noqa: BLE001 - every Redis error has a behaviour
@@ -102,6 +107,7 @@ class Worker:
     async def _intake_loop(self) -> None:
         st, backoff = self.state, Backoff()
         next_reclaim = 0.0
+        next_refresh = time.monotonic() + self.options.tenants_refresh_s
         while not st.draining:
             if st.engine.error is not None:
                 raise EngineFailed(str(st.engine.error))
@@ -116,13 +122,19 @@ class Worker:
                     pass
                 continue
             try:
+                if time.monotonic() >= next_refresh:
+                    next_refresh = time.monotonic() + self.options.tenants_refresh_s
+                    _, removed = await self.sources.refresh()
+                    for source in removed:
+                        self.fair.forget(source.name)
                 entries = []
                 if time.monotonic() >= next_reclaim:
                     next_reclaim = time.monotonic() + self.options.claim_idle_ms / 2000.0
                     entries = await self.intake.reclaim(room)
                     st.metrics.on_reclaim(len(entries))  # ops: metrics
                 if len(entries) < room:
-                    entries += await self.intake.read(room - len(entries), block=not entries)
+                    entries += await self.intake.read(room - len(entries), block=not entries,
+                                                      held=self._held())
                 await self._take(entries[:room], extra=entries[room:])
                 backoff.reset()
             except Exception as exc:  # noqa: BLE001 - no Redis error ends the worker
@@ -132,7 +144,7 @@ class Worker:
         kind = self.state.redis.on_error(exc, doing)
         if kind is Kind.MISSING:
             try:
-                await self.state.io.ensure_groups(list(self.intake.streams))
+                await self.state.io.ensure_groups(self.intake.streams)
             except Exception as again:  # noqa: BLE001
                 self.state.redis.on_error(again, "recreating the consumer groups")
                 await backoff.sleep()
@@ -157,13 +169,32 @@ class Worker:
         if st.draining:
             accepted.handback += [inf.entry for inf in running]
             running = []
+        sources, held = self.sources.streams, self._held()
         for inf in running:
+            source = sources.get(inf.entry.stream)
+            if source is not None:  # a tenant holding less waits less in the engine's queue
+                h = held.setdefault(source.name, Held())
+                inf.share_rank = int(h.requests / source.config.weight)
+                h.requests += 1
+                self.fair.charge(source.name, estimate_tokens(inf.request), source.config.weight)
             st.adopt(inf)
         if accepted.handback:
             await st.io.run(calls.handoff(self.options, accepted.handback))
         if accepted.error is not None:
             raise accepted.error
         st.redis.on_ok(wrote=True)
+
+    def _held(self) -> dict[str, Held]:
+        """Per source: the requests (and their estimated tokens) this worker holds."""
+        sources = self.sources.streams
+        held: dict[str, Held] = {}
+        for inf in self.state.inflight.values():
+            source = sources.get(inf.entry.stream)
+            if source is not None:
+                h = held.setdefault(source.name, Held())
+                h.requests += 1
+                h.tokens += estimate_tokens(inf.request)
+        return held
 
     def _not_held(self, entries: list) -> list:
         """Each entry once, and none this worker already runs: a worker paused in a blocking

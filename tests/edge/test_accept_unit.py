@@ -16,7 +16,7 @@ from shared import codec, errors, keys
 from shared.protocol import Token
 
 OPTIONS = WorkerOptions(worker_id="w1", max_deliveries=3)
-STREAM = keys.stream_key("default", "default")
+STREAM = keys.stream_key("default", "default", "default")
 
 
 class FakeIO:

@@ -14,7 +14,7 @@ from shared import codec, keys
 from shared.protocol import Request, Token
 
 OPTIONS = WorkerOptions(worker_id="w1", claim_idle_ms=3000)
-HIGH, DEFAULT = keys.stream_key("default", "high"), keys.stream_key("default", "default")
+HIGH, DEFAULT = keys.stream_key("default", "default", "high"), keys.stream_key("default", "default", "default")
 
 
 def _entry(stream: str, entry_id: str, data: bytes = b"{}") -> Entry:

@@ -51,5 +51,5 @@ def test_a_broken_engine_hands_back_everything_before_it_exits(workers, redis_se
     assert time.monotonic() - t0 < 60
     assert result.num_resumes == 1 and len(result.token_ids) == 300
     assert [i for t in tokens for i in t.token_ids] == result.token_ids  # each token once
-    assert r.xpending(keys.stream_key("default", "default"), keys.GROUP)["pending"] == 0 \
-        or time.sleep(1) or r.xpending(keys.stream_key("default", "default"), keys.GROUP)["pending"] == 0
+    assert r.xpending(keys.stream_key("default", "default", "default"), keys.GROUP)["pending"] == 0 \
+        or time.sleep(1) or r.xpending(keys.stream_key("default", "default", "default"), keys.GROUP)["pending"] == 0

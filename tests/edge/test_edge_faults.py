@@ -90,7 +90,7 @@ def test_paused_worker_cannot_publish_or_ack_after_takeover(workers, redis_serve
         assert fleet.generate(max_tokens=5, timeout=30, **LONG).finish_reason == "length"
     # A worker writes the result, then acknowledges the entry (one round trip later): the
     # client can see the result first.
-    wait_until(lambda: r.xpending(keys.stream_key("default", "default"), keys.GROUP)["pending"] == 0,
+    wait_until(lambda: r.xpending(keys.stream_key("default", "default", "default"), keys.GROUP)["pending"] == 0,
                timeout=10, what="every entry acknowledged")
 
 
@@ -120,7 +120,7 @@ def test_request_delivered_too_often_is_dead_lettered(workers, redis_server, r):
             assert exc.code == "poison"
     dead = r.xrange(keys.dead_letter_key("default"))
     assert len(dead) == 1 and dead[0][1][b"code"] == b"poison"
-    wait_until(lambda: r.xpending(keys.stream_key("default", "default"), keys.GROUP)["pending"] == 0,
+    wait_until(lambda: r.xpending(keys.stream_key("default", "default", "default"), keys.GROUP)["pending"] == 0,
                timeout=10, what="the poison entry acknowledged")
 
 
@@ -166,7 +166,7 @@ def test_an_entry_delivered_to_a_paused_worker_is_begun_once(workers, redis_serv
     entry; resumed, it also reclaims it (idle past claim_idle_ms). Before: it began the
     request twice, failed it as duplicate_request_id or fenced itself out of it."""
     worker = workers.start()
-    stream_key = keys.stream_key("default", "default")
+    stream_key = keys.stream_key("default", "default", "default")
     time.sleep(1.0)  # idle: the worker sits in XREADGROUP BLOCK most of the time
     with FleetClient(redis_server.url) as fleet:
         for attempt in range(30):

@@ -11,7 +11,7 @@ from producer import FleetClient, RequestFailed
 from shared import keys
 
 PROMPT = [1, 504, 3058, 314, 4649, 30, 9876, 42]
-STREAM = keys.stream_key("default", "default")
+STREAM = keys.stream_key("default", "default", "default")
 GREEDY = dict(prompt_token_ids=PROMPT, max_tokens=6, temperature=0.0, ignore_eos=True)
 
 

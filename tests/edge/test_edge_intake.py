@@ -13,7 +13,7 @@ from producer import FleetClient, RequestFailed
 from shared import keys, limits
 
 PROMPT = [1, 504, 3058, 314, 4649, 30, 9876, 42]
-STREAM = keys.stream_key("default", "default")
+STREAM = keys.stream_key("default", "default", "default")
 
 
 def test_worker_holds_only_what_its_kv_blocks_admit(workers, redis_server, r):
@@ -84,19 +84,24 @@ def test_a_subscriber_that_never_reads_does_not_stall_the_worker(workers, redis_
 
 
 def test_a_non_python_client_with_raw_redis_commands(workers, redis_server):
-    """Follows docs/protocol.md with redis-cli only: subscribe, XADD, read events/result."""
-    workers.start()
+    """Follows docs/protocol.md with redis-cli only: register the tenant, subscribe, XADD
+    to the tenant's own stream, read events/result."""
     cli = ["redis-cli", "-p", str(redis_server.port)]
+    subprocess.run(cli + ["HSET", keys.tenants_key(), "acme", '{"name":"acme"}'], check=True,
+                   capture_output=True)
+    workers.start()
     channel = "fleet:req:{acme/raw-1}:events"
     sub = subprocess.Popen(cli + ["SUBSCRIBE", channel], stdout=subprocess.PIPE, text=True)
     assert sub.stdout.readline().strip() == "subscribe"  # confirmed before we submit
     request = json.dumps({"request_id": "raw-1", "tenant": "acme", "prompt": "Hello",
                           "max_tokens": 5, "temperature": 0})
-    subprocess.run(cli + ["XADD", STREAM, "*", "data", request], check=True, capture_output=True)
+    subprocess.run(cli + ["XADD", "fleet:default:requests:{acme}:default", "*", "data", request],
+                   check=True, capture_output=True)
     lines: list[str] = []
     threading.Timer(60, sub.kill).start()
     while not any('"type":"result"' in line for line in lines):
         lines.append(sub.stdout.readline())
+        assert lines[-1], "the subscription ended before the result"
     sub.kill()
     events = [json.loads(line) for line in lines if line.startswith("{")]
     tokens = [e for e in events if e["type"] == "token"]

@@ -31,7 +31,7 @@ def test_tokens_arrive_once_in_order_and_match_the_result(workers, redis_server,
     assert result.finish_reason == "length" and result.usage.prompt_tokens == len(PROMPT)
     # acked and deleted: nothing pending, nothing left in the stream (the ack follows the
     # result by one round trip)
-    stream_key = keys.stream_key("default", "default")
+    stream_key = keys.stream_key("default", "default", "default")
     wait_until(lambda: r.xlen(stream_key) == 0 and r.xpending(stream_key, keys.GROUP)["pending"] == 0,
                timeout=10, what="entry acknowledged and deleted")
     assert r.ttl(keys.state_key("default", result.request_id)) > 0
@@ -43,14 +43,14 @@ def test_same_request_id_twice_generates_once(workers, redis_server, r):
                              temperature=0.0, ignore_eos=True)
         second = fleet.submit(request_id="dup-1", prompt_token_ids=PROMPT, max_tokens=30,
                               temperature=0.0, ignore_eos=True)
-        assert r.xlen(keys.stream_key("default", "default")) == 2
+        assert r.xlen(keys.stream_key("default", "default", "default")) == 2
         workers.start()
         a, b = first.result(timeout=60), second.result(timeout=60)
         third = fleet.generate(request_id="dup-1", prompt_token_ids=PROMPT, max_tokens=30)
     assert a.token_ids == b.token_ids == third.token_ids
     assert r.hget(keys.state_key("default", "dup-1"), "fence") == b"1"  # begun once
     assert r.llen(keys.progress_key("default", "dup-1")) == 30  # one event per token
-    assert r.xlen(keys.stream_key("default", "default")) == 0
+    assert r.xlen(keys.stream_key("default", "default", "default")) == 0
 
 
 def test_cancel_running_request(workers, redis_server):

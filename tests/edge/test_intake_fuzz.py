@@ -24,7 +24,7 @@ from producer import FleetClient
 from shared import codec, keys, limits
 from shared.protocol import Token
 
-STREAM = keys.stream_key("default", "default")
+STREAM = keys.stream_key("default", "default", "default")
 PROMPTS = [[1, 504, 3058, 314], [9876, 42, 7, 7, 7], [300, 301, 302, 303, 304, 305]]
 VALID = dict(max_tokens=4, temperature=0.0, ignore_eos=True)
 TENANTS = ["default", "acme"]

@@ -14,7 +14,10 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pytest
+import redis
 from prometheus_client.parser import text_string_to_metric_families
+from redis.exceptions import NoPermissionError, ResponseError
 from redis_server import REPO, RedisServer
 
 ACL_TEMPLATE = REPO / "ops" / "redis" / "users.acl"
@@ -132,3 +135,13 @@ def _answers(port: int, *, tls: bool = False) -> bool:
             return raw.recv(16).startswith((b"+PONG", b"-NOAUTH"))
     except OSError:
         return False
+
+
+def _client(server: AclRedisServer, user: str) -> redis.Redis:
+    return redis.Redis.from_url(server.url_for(user))
+
+
+def _denied(call) -> None:
+    with pytest.raises((NoPermissionError, ResponseError)) as info:
+        call()
+    assert "NOPERM" in str(info.value) or "permission" in str(info.value).lower()

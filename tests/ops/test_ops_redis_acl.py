@@ -8,42 +8,15 @@ from __future__ import annotations
 
 import pytest
 import redis
-from fleet_harness import WorkerFactory
-from ops_harness import AclRedisServer, make_tls_cert, render_acl
-from redis.exceptions import NoPermissionError, ResponseError
+from ops_harness import AclRedisServer, _client, _denied, make_tls_cert, render_acl
+from redis.exceptions import NoPermissionError
 from redis_server import REPO
 
 from producer import FleetClient
 from producer.exporter import QueueCollector
 from shared import keys
 
-STREAM = keys.stream_key("default", "default")
-
-
-@pytest.fixture
-def acl_server(tmp_path):
-    """The project's ACL file, over TLS only (rediss://) where openssl can make a cert."""
-    acl = tmp_path / "users.acl"
-    server = AclRedisServer(acl, render_acl(acl), make_tls_cert(tmp_path)).start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def acl_workers(acl_server, tiny_model, tmp_path):
-    factory = WorkerFactory(acl_server, tiny_model, tmp_path)
-    yield factory
-    factory.cleanup()
-
-
-def _client(server: AclRedisServer, user: str) -> redis.Redis:
-    return redis.Redis.from_url(server.url_for(user))
-
-
-def _denied(call) -> None:
-    with pytest.raises((NoPermissionError, ResponseError)) as info:
-        call()
-    assert "NOPERM" in str(info.value) or "permission" in str(info.value).lower()
+STREAM = keys.stream_key("default", "default", "default")
 
 
 def test_roles_work_and_a_tenant_reaches_only_its_own(acl_server, acl_workers):
@@ -144,32 +117,3 @@ def test_producer_user_enqueues_for_any_tenant_but_cannot_forge(acl_server):
     _denied(lambda: producer.publish(keys.channel("acme", "x"), b"{}"))
     _denied(lambda: producer.hset(keys.state_key("acme", "x"), "result", b"{}"))
     _denied(lambda: producer.xreadgroup(keys.GROUP, "thief", {STREAM: ">"}))
-
-
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="known gap: XADD cannot be limited by ACL; a tenant "
-                   "with direct stream access can trim the shared stream (MAXLEN 0). Untrusted "
-                   "tenants should enqueue through the gateway (see docs/operations.md)")
-def test_tenant_cannot_trim_the_shared_stream(acl_server):
-    _client(acl_server, "fleet-admin").xadd(STREAM, {keys.STREAM_FIELD: b"{}"})
-    acme = _client(acl_server, "tenant-acme")
-    try:
-        acme.xadd(STREAM, {keys.STREAM_FIELD: b"{}"}, maxlen=0, approximate=False)
-    except (NoPermissionError, ResponseError):
-        pass
-    assert _client(acl_server, "fleet-admin").xlen(STREAM) >= 1
-
-
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="known gap: the worker trusts the payload's `tenant`, "
-                   "so a tenant with direct stream access can have a request generated into "
-                   "another tenant's keys (squatting a request id). Fix: derive the tenant from "
-                   "per-tenant streams, or enqueue untrusted tenants through the gateway")
-def test_tenant_cannot_generate_into_another_tenants_keys(acl_server, acl_workers):
-    acl_workers.start()
-    acme = _client(acl_server, "tenant-acme")
-    forged = b'{"request_id": "squat", "tenant": "globex", "prompt_token_ids": [1, 2], ' \
-             b'"max_tokens": 2}'
-    acme.xadd(STREAM, {keys.STREAM_FIELD: forged})
-    admin = _client(acl_server, "fleet-admin")
-    from redis_server import wait_until
-    wait_until(lambda: admin.xlen(STREAM) == 0, what="entry served")
-    assert admin.hget(keys.state_key("globex", "squat"), "result") is None

@@ -60,7 +60,7 @@ def test_batch_is_resumable_without_duplicating_lines(workers, redis_server, tmp
 
 def test_status_shows_backlog_and_workers(workers, redis_server, r):
     worker = workers.start()
-    r.xadd(keys.stream_key("default", "batch"), {"data": "{}"})  # a dead letter soon
+    r.xadd(keys.stream_key("default", "default", "batch"), {"data": "{}"})  # a dead letter soon
     report = asyncio.run(collect(redis_server.url, "default"))
     assert report["workers"][worker.worker_id]["alive"]
     assert set(report["streams"]) == {"high", "default", "batch"}

@@ -16,11 +16,10 @@ async def _first_subscribe_then_restart(server: RedisServer) -> None:
     t0 = time.monotonic()
     await subs.subscribe("fleet:req:{default/one}:events")
     # Before: the reader started before the connection, died, and this waited 10 s.
-    assert time.monotonic() - t0 < 2 and not subs._reader.done()
+    assert time.monotonic() - t0 < 2
     await subs.unsubscribe("fleet:req:{default/one}:events")
     server.restart()  # a reconnect with no channel left to subscribe
     await asyncio.sleep(1.5)
-    assert not subs._reader.done()
     queue = await asyncio.wait_for(subs.subscribe("fleet:req:{default/two}:events"), 15)
     await client.publish("fleet:req:{default/two}:events", b"hello")
     while await asyncio.wait_for(queue.get(), 5) != b"hello":
