@@ -15,18 +15,21 @@ from shared.protocol import Failure, Request, Result, Timings, Token, TokenLogpr
 logger = logging.getLogger(__name__)
 
 LANE_PRIORITY = {lane: rank for rank, lane in enumerate(keys.LANES)}  # lower runs first
+MAX_SHARE_RANK = 999  # within a lane: how much its tenant held when it was read (fair share)
 RESULT_REASONS = ("stop", "length", "cancelled", "timeout")
 
 
 @dataclass(frozen=True, kw_only=True)
 class Entry:
-    """A stream entry as read (or reclaimed) from Redis."""
+    """A stream entry as read (or reclaimed) from Redis. ``tenant`` is the tenant whose
+    stream it was read from (None: the old shared streams, where the payload names it)."""
 
     stream: str
     lane: str
     entry_id: str
     fields: dict
     deliveries: int = 1
+    tenant: str | None = None
 
     @property
     def payload(self) -> object:
@@ -50,14 +53,25 @@ class Inflight:
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
     handoff: bool = False  # draining: give back instead of finishing
+    # Recorded but not yet published (coalescing): the last ``len(held_ids)`` of token_ids.
+    held_ids: list[int] = field(default_factory=list)
+    held_text: list[str] = field(default_factory=list)
+    held_logprobs: list[TokenLogprob] = field(default_factory=list)
+    last_published: float | None = None  # monotonic; None: no token event published here yet
+    share_rank: int = 0  # requests its tenant held here per unit of weight when it was read
+
+    @property
+    def tenant(self) -> str:
+        """Set from the stream when the request was accepted (the default if built bare)."""
+        return self.request.tenant or keys.DEFAULT_TENANT
 
     @property
     def key(self) -> str:
-        return engine_key(self.request.tenant, self.request.request_id)
+        return engine_key(self.tenant, self.request.request_id)
 
     @property
     def redis_keys(self) -> RequestKeys:
-        return RequestKeys.of(self.request.tenant, self.request.request_id)
+        return RequestKeys.of(self.tenant, self.request.request_id)
 
     def job(self) -> Job:
         r = self.request
@@ -71,27 +85,44 @@ class Inflight:
                                                     for m in r.messages]
         return Job(key=self.key, prompt=r.prompt, messages=messages,
                    prompt_token_ids=r.prompt_token_ids, params=params,
-                   priority=LANE_PRIORITY[self.entry.lane],
+                   priority=LANE_PRIORITY[self.entry.lane] * (MAX_SHARE_RANK + 1)
+                   + min(self.share_rank, MAX_SHARE_RANK),
                    resume_token_ids=list(self.prior_token_ids), deadline=r.deadline)
 
-    def token_event(self, delta: RequestDelta) -> Token | None:
-        """The event for this step's new tokens (None if there are none); records them."""
+    def record(self, delta: RequestDelta) -> None:
+        """Take this step's new tokens; they are held until :meth:`take_event`."""
         self.num_prompt_tokens = delta.num_prompt_tokens or self.num_prompt_tokens
         self.num_cached_tokens = delta.num_cached_tokens or self.num_cached_tokens
         if not delta.new_token_ids:
             if delta.new_text:  # text released at the end (held back for a stop string)
                 self.text_parts.append(delta.new_text)
-            return None
+            return
         seq = delta.num_output_tokens - len(delta.new_token_ids)
         assert seq == len(self.prior_token_ids) + len(self.token_ids), "token sequence broken"
         self.token_ids.extend(delta.new_token_ids)
         self.text_parts.append(delta.new_text)
-        logprobs = None
+        self.held_ids.extend(delta.new_token_ids)
+        self.held_text.append(delta.new_text)
         if delta.logprobs is not None:
-            logprobs = [TokenLogprob(token_id=lp.token_id, logprob=lp.logprob,
-                                     top=[tuple(t) for t in lp.top]) for lp in delta.logprobs]
-        return Token(request_id=self.request.request_id, seq=seq,
-                     token_ids=list(delta.new_token_ids), text=delta.new_text, logprobs=logprobs)
+            self.held_logprobs.extend(
+                TokenLogprob(token_id=lp.token_id, logprob=lp.logprob, top=[tuple(t) for t in lp.top])
+                for lp in delta.logprobs)
+
+    def take_event(self) -> Token | None:
+        """One event for every token held, ``[seq, seq + n)``, or None if none is; the held
+        tokens are then this event's to deliver."""
+        if not self.held_ids:
+            return None
+        seq = len(self.prior_token_ids) + len(self.token_ids) - len(self.held_ids)
+        event = Token(request_id=self.request.request_id, seq=seq, token_ids=self.held_ids,
+                      text="".join(self.held_text), logprobs=self.held_logprobs or None)
+        self.held_ids, self.held_text, self.held_logprobs = [], [], []
+        return event
+
+    def due(self, now: float, interval_s: float) -> bool:
+        """Whether held tokens go out now: the first event at once, later ones once
+        ``interval_s`` passed since the last (``now``: monotonic)."""
+        return self.last_published is None or now - self.last_published >= interval_s
 
     def terminal_event(self, delta: RequestDelta, worker_id: str) -> Result | Failure:
         if delta.finish_reason not in RESULT_REASONS:

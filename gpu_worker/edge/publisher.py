@@ -6,6 +6,12 @@ event (stored, then published). Acks follow only terminal events the server conf
 stored. A write the server refuses as a whole (connection lost, out of memory, a
 failover) is retried, alone and in order, until it is answered: progress is never dropped,
 and a retried write the server had already applied is recognised, not repeated.
+
+Coalescing (``stream_interval_ms`` > 0): a request's new tokens are held and go out as one
+event ``[seq, end)`` with the first engine report at least an interval after its last
+event (or an interval later still, if the engine stalls); its first event, and whatever is
+held when it ends, fails or is handed back, go out at once. At 0 every engine step of a
+request is one event.
 """
 from __future__ import annotations
 
@@ -40,6 +46,8 @@ class Publisher:
     def __init__(self, state: WorkerState) -> None:
         self.state = state
         self.reports: asyncio.Queue[StepReport] = asyncio.Queue()
+        self.interval_s = state.options.stream_interval_ms / 1000.0
+        self._held: dict[str, Inflight] = {}  # requests with tokens not yet published
 
     def on_report(self, report: StepReport) -> None:
         """Called on the event-loop thread for every engine pass."""
@@ -48,20 +56,35 @@ class Publisher:
 
     async def run(self) -> None:
         while True:
-            batch = [await self.reports.get()]
-            while not self.reports.empty():
-                batch.append(self.reports.get_nowait())
-            await self.publish(batch)
+            await self.publish(await self._next_batch())
+
+    async def _next_batch(self) -> list[StepReport]:
+        """Every report waiting (at least one); or none, when held tokens have been due for
+        an interval and no report came (the engine stalled). Due tokens go out with the next
+        report: flushing them on a timer of their own would add round trips between steps."""
+        if self._held:
+            last = min(inf.last_published or 0.0 for inf in self._held.values())
+            wait = last + 2 * self.interval_s - time.monotonic()
+            try:
+                first = await asyncio.wait_for(self.reports.get(), max(wait, 0.0))
+            except asyncio.TimeoutError:
+                return []
+        else:
+            first = await self.reports.get()
+        batch = [first]
+        while not self.reports.empty():
+            batch.append(self.reports.get_nowait())
+        return batch
 
     async def flush(self) -> None:
-        """Publish everything reported so far (used while draining)."""
+        """Publish everything reported so far, held tokens included (used while draining)."""
         batch = []
         while not self.reports.empty():
             batch.append(self.reports.get_nowait())
-        if batch:
-            await self.publish(batch)
+        if batch or self._held:
+            await self.publish(batch, flush_all=True)
 
-    async def publish(self, batch: list[StepReport]) -> None:
+    async def publish(self, batch: list[StepReport], *, flush_all: bool = False) -> None:
         st = self.state
         writes: list[_Write] = []
         handoffs: list[Entry] = []
@@ -70,12 +93,15 @@ class Publisher:
             for key in report.admitted:
                 st.unadmitted.discard(key)
             for key in report.released:
+                if key in st.inflight:
+                    writes.extend(self._take_held(st.inflight[key]))
                 inf = st.forget(key)
                 if inf is not None:
                     handoffs.append(inf.entry)
             for key, code, message in report.failures:
                 inf = st.inflight.get(key)
                 if inf is not None:
+                    writes.extend(self._take_held(inf))
                     writes.append(_Write("finish", inf, calls.finish(
                         st.options, st.io.publish_command, inf, inf.failure(code, message))))
                     writes.append(_Write("dead", inf, calls.dead_letter(
@@ -84,6 +110,7 @@ class Publisher:
                 writes.extend(self._delta_writes(delta, handoffs))
             if report.admitted or report.released or report.failures:
                 st.capacity.set()
+        writes.extend(self._due_writes(flush_all))
         acks: list[Entry] = []
         dead: list[tuple] = []
         if writes:
@@ -102,16 +129,15 @@ class Publisher:
         inf = st.inflight.get(delta.request_id)
         if inf is None:
             return []  # fenced or already finished here
-        out = []
-        event = inf.token_event(delta)
-        if event is not None:
-            first = None
-            if event.seq == 0:
-                first = inf.first_token_at = time.time()
-            out.append(_Write("publish", inf, calls.publish(
-                st.options, st.io.publish_command, inf, event, first)))
+        inf.record(delta)
+        out: list[_Write] = []
+        if self.interval_s == 0:
+            out = self._take_held(inf)  # one event per engine step
+        elif inf.held_ids:
+            self._held[inf.key] = inf
         if not delta.finished:
             return out
+        out += self._take_held(inf)
         if inf.handoff:
             st.forget(inf.key)
             handoffs.append(inf.entry)
@@ -119,6 +145,31 @@ class Publisher:
         out.append(_Write("finish", inf, calls.finish(
             st.options, st.io.publish_command, inf, inf.terminal_event(delta, st.options.worker_id))))
         return out
+
+    def _due_writes(self, flush_all: bool) -> list[_Write]:
+        """The token events of held requests whose interval has passed (all: ``flush_all``)."""
+        now = time.monotonic()
+        out: list[_Write] = []
+        for key, inf in list(self._held.items()):
+            if self.state.inflight.get(key) is not inf:
+                del self._held[key]  # fenced, or forgotten: nothing more goes out
+            elif flush_all or inf.due(now, self.interval_s):
+                out.extend(self._take_held(inf))
+        return out
+
+    def _take_held(self, inf: Inflight) -> list[_Write]:
+        """The write of one event carrying every token ``inf`` holds (none if it holds none)."""
+        self._held.pop(inf.key, None)
+        event = inf.take_event()
+        if event is None:
+            return []
+        first = None
+        if event.seq == 0:
+            first = inf.first_token_at = time.time()
+        inf.last_published = time.monotonic()
+        st = self.state
+        return [_Write("publish", inf, calls.publish(
+            st.options, st.io.publish_command, inf, event, first))]
 
     def _apply(self, writes: list[_Write], answers: list,
                handoffs: list[Entry]) -> tuple[list[Entry], list[tuple]]:

@@ -18,7 +18,8 @@ from typing import NamedTuple
 
 from shared import keys
 
-# KEYS: state, progress, cancel, channel. ARGV: worker_id, entry_ref, ttl_ms, now.
+# KEYS: state, progress, cancel, channel. ARGV: worker_id, entry_ref, ttl_ms, now. Renews
+# the TTL of the state and of any stored progress (PUBLISH renews them together after).
 # -> Begun: {'done'} | {'duplicate'} | {'ok', owner, cancelled, first_start, first_token_at,
 #    progress...}
 BEGIN = """
@@ -31,6 +32,7 @@ local owner = ARGV[1] .. '#' .. fence
 redis.call('HSET', KEYS[1], 'owner', owner, 'entry', ARGV[2], 'status', 'running')
 redis.call('HSETNX', KEYS[1], 'first_start', ARGV[4])
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
+redis.call('PEXPIRE', KEYS[2], ARGV[3])  -- a resumed request's progress lives as long
 local first_start = redis.call('HGET', KEYS[1], 'first_start')
 local first_token = redis.call('HGET', KEYS[1], 'first_token_at') or ''
 local reply = {'ok', owner, tostring(redis.call('EXISTS', KEYS[3])), first_start, first_token}
@@ -41,22 +43,33 @@ return reply
 # KEYS: state, progress, cancel, channel. ARGV: owner, ttl_ms, publish command, event JSON,
 # first-token time or '', seq, end (the event's tokens are [seq, end)). The state's
 # ``published`` count makes a retried write idempotent and keeps the channel in order.
+# Six commands a call: the TTLs are set when the progress list is created and renewed only
+# once a tenth of the TTL has passed (the state's PTTL says when), not at every event, so
+# a request's keys outlive its last write by at least 0.9 x ttl while it runs (FINISH
+# renews both in full).
 # -> Published: 0 fenced | 1 ok | 2 ok, and cancel was asked | 3 duplicate (already stored)
 # | 4 gap (an earlier event is not stored yet: retry after it).
 PUBLISH = """
-if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then return 0 end
-local published = redis.call('HGET', KEYS[1], 'published')
+local state = redis.call('HMGET', KEYS[1], 'owner', 'published')
+if state[1] ~= ARGV[1] then return 0 end
+local published = state[2]
 if published then
   published = tonumber(published)
   if tonumber(ARGV[7]) <= published then return 3 end
   if tonumber(ARGV[6]) > published then return 4 end
 end
-redis.call('RPUSH', KEYS[2], ARGV[4])
-redis.call('HSET', KEYS[1], 'published', ARGV[7])
+local length = redis.call('RPUSH', KEYS[2], ARGV[4])
+if ARGV[5] ~= '' and not published then  -- nothing stored yet, so no first-token time either
+  redis.call('HSET', KEYS[1], 'published', ARGV[7], 'first_token_at', ARGV[5])
+else
+  redis.call('HSET', KEYS[1], 'published', ARGV[7])
+  if ARGV[5] ~= '' then redis.call('HSETNX', KEYS[1], 'first_token_at', ARGV[5]) end
+end
 redis.call(ARGV[3], KEYS[4], ARGV[4])
-if ARGV[5] ~= '' then redis.call('HSETNX', KEYS[1], 'first_token_at', ARGV[5]) end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-redis.call('PEXPIRE', KEYS[2], ARGV[2])
+if length == 1 or redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) * 0.9 then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  redis.call('PEXPIRE', KEYS[2], ARGV[2])
+end
 if redis.call('EXISTS', KEYS[3]) == 1 then return 2 end
 return 1
 """
@@ -65,14 +78,14 @@ return 1
 # number of output tokens or '' (a failure). Stores the result durably, then publishes it.
 # -> Finished: 0 fenced | 1 stored | 2 gap (a token event is not stored yet: retry after it).
 FINISH = """
-if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then return 0 end
-local published = redis.call('HGET', KEYS[1], 'published')
-if ARGV[5] ~= '' and published and tonumber(published) < tonumber(ARGV[5]) then return 2 end
+local state = redis.call('HMGET', KEYS[1], 'owner', 'published')
+if state[1] ~= ARGV[1] then return 0 end
+if ARGV[5] ~= '' and state[2] and tonumber(state[2]) < tonumber(ARGV[5]) then return 2 end
 redis.call('HSET', KEYS[1], 'status', 'done', 'result', ARGV[4])
 redis.call('HDEL', KEYS[1], 'owner')
 redis.call(ARGV[3], KEYS[4], ARGV[4])
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
-if redis.call('EXISTS', KEYS[2]) == 1 then redis.call('PEXPIRE', KEYS[2], ARGV[2]) end
+redis.call('PEXPIRE', KEYS[2], ARGV[2])  -- a no-op where no token was stored
 redis.call('DEL', KEYS[3])
 return 1
 """

@@ -59,7 +59,7 @@ def _state(io) -> WorkerState:
     options = WorkerOptions(worker_id="w1")
     st = WorkerState(options=options, io=io, engine=FakeEngine())
     request = Request(request_id="r", prompt="hi", max_tokens=8)
-    entry = Entry(stream=keys.stream_key("default", "default"), lane="default", entry_id="1-0",
+    entry = Entry(stream=keys.stream_key("default", "default", "default"), lane="default", entry_id="1-0",
                   fields={})
     inf = Inflight(request=request, entry=entry, owner="w1#1", prior_token_ids=[],
                    prior_text="", first_start=1.0, first_token_at=None)
