@@ -22,6 +22,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("bench", "linear"): ("gpu_worker.bench.linear", "CPU matmuls: torch vs oneDNN-packed, per model shape"),
     ("bench", "cpu-attention"): ("gpu_worker.bench.cpu_attention", "CPU attention: C kernels vs gather + SDPA"),
     ("bench", "soak"): ("gpu_worker.bench.soak", "the fleet under kill -9, SIGSTOP and Redis restarts; every token counted"),
+    ("bench", "edge"): ("gpu_worker.bench.edge", "Redis CPU per streamed token through the real edge: single vs cluster, before vs after the cuts"),
 }
 ENGINE_COMMANDS = frozenset(path[0] for path in COMMANDS)
 
