@@ -294,7 +294,8 @@ class Fleet:
 @pytest.fixture(scope="module")
 def fleet(tiny_model, tmp_path_factory):
     """One redis-server with the tenants ``default`` and ``acme`` (and acme's ACL user), one
-    worker, and a recorder; at the end every recorded message is checked against the schema."""
+    worker that coalesces each request's tokens for 25 ms (so events carry several tokens:
+    the seq rule's general case), and a recorder."""
     server = RedisServer().start()
     tmp = tmp_path_factory.mktemp("conformance")
     setup = redis.Redis.from_url(server.url)
@@ -307,7 +308,7 @@ def fleet(tiny_model, tmp_path_factory):
     factory = WorkerFactory(server, tiny_model, tmp)
     recorder = Recorder(server.url)
     try:
-        factory.start()
+        factory.start(stream_interval_ms=25)
         yield Fleet(server.url, server, factory, recorder)
     finally:
         factory.cleanup()

@@ -54,6 +54,7 @@ def test_streaming_equals_the_stored_result(fleet, clients):
                            "stop": ["\n\n"], "request_id": f"chat-{clients.kind}"})]
     greedy, chat = (check_matches_store(fleet, run) for run in runs)
     assert greedy["finish_reason"] == "length" and len(greedy["token_ids"]) == 40
+    assert max(len(e["token_ids"]) for e in runs[0].events) > 1  # coalesced: several a message
     assert chat["finish_reason"] in ("length", "stop")
     assert all(len(e["logprobs"]) == len(e["token_ids"]) for e in runs[1].events)
     assert runs[0].request["tenant"] in (None, "default")
