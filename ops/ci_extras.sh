@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Tools the operations tests (tests/ops) use when present; each test skips cleanly without
 # them: promtool + prometheus (Debian's `prometheus` package), openssl (TLS Redis), and
-# kubernetes-validate (offline Kubernetes schemas) in the project's venv.
+# kubernetes-validate (offline Kubernetes schemas) in the project's venv, Node.js + npm.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,6 +16,13 @@ if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2
     systemctl disable --now prometheus >/dev/null 2>&1 || true
 fi
 command -v openssl >/dev/null 2>&1 || apt_install openssl || echo "warning: no openssl; the ACL test runs without TLS"
+# Node.js for the TypeScript client (producer/typescript) and its conformance tests, which
+# skip with a message without it; its packages come from the npm registry (npm ci).
+command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 || apt_install nodejs npm \
+    || echo "warning: no node/npm; the TypeScript conformance tests will skip"
+if command -v npm >/dev/null 2>&1; then
+    bash producer/typescript/build.sh || echo "warning: the TypeScript client did not build; its tests will fail"
+fi
 if [ -x .venv/bin/python ]; then
     .venv/bin/python -m pip install -q "kubernetes-validate>=1.30" \
         || echo "warning: no kubernetes-validate; the manifest schema test will skip"

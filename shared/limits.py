@@ -25,9 +25,12 @@ MAX_UNIX_TIME = 1e11  # deadlines and timestamps, seconds (year 5138)
 
 # Ids become part of Redis key names, so they are restricted to a safe alphabet: no
 # braces (hash tags), no spaces, no glob characters.
-REQUEST_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$"
-TENANT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,63}$"
-MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,63}$"
+# ``(?!\n)``: Python's ``$`` also matches before a final newline, which must not reach a
+# key name; JavaScript and JSON Schema validators read the same pattern alike.
+REQUEST_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$(?!\n)"
+TENANT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,63}$(?!\n)"
+MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,63}$(?!\n)"
+MAX_SAFE_INTEGER = 2**53 - 1  # the largest integer every JSON parser (JavaScript's) holds exactly
 
 # Untrusted JSON is never nested deeper than this (a request needs 3 levels): deeper
 # payloads are refused before any recursive decoder sees them.

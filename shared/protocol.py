@@ -56,7 +56,7 @@ class Request(Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     repetition_penalty: Annotated[float, Meta(ge=0.01, le=100.0)] = 1.0
     presence_penalty: Annotated[float, Meta(ge=-2.0, le=2.0)] = 0.0
     frequency_penalty: Annotated[float, Meta(ge=-2.0, le=2.0)] = 0.0
-    seed: Annotated[int, Meta(ge=0, le=2**63 - 1)] | None = None
+    seed: Annotated[int, Meta(ge=0, le=L.MAX_SAFE_INTEGER)] | None = None
     stop: Annotated[list[Annotated[str, Meta(min_length=1, max_length=L.MAX_STOP_STRING_CHARS)]],
                     Meta(max_length=L.MAX_STOP_STRINGS)] = []
     stop_token_ids: Annotated[list[TokenId], Meta(max_length=L.MAX_STOP_TOKEN_IDS)] = []

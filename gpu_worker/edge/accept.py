@@ -64,8 +64,11 @@ def plan(entry: Entry, options: WorkerOptions) -> _Plan:
         return _Plan(entry, None, _tenant(entry, found.tenant), found.request_id, errors.POISON,
                      f"delivered {entry.deliveries} times without finishing "
                      f"(limit {options.max_deliveries})")
+    if raw is None:
+        return _Plan(entry, None, entry.tenant, None, errors.MALFORMED,
+                     f"the entry has no `{keys.STREAM_FIELD}` field")
     try:
-        request = codec.decode_request(raw if raw is not None else b"")
+        request = codec.decode_request(raw)
     except ProtocolError as exc:
         return _Plan(entry, None, _tenant(entry, exc.tenant), exc.request_id, exc.code,
                      exc.message)

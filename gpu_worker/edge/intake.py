@@ -65,7 +65,8 @@ class Intake:
                 if int(backlog) < 0:
                     missing.append(stream)
                 out[stream] = (max(int(backlog), 0), _s(last))
-        if missing:
+        if missing:  # a fresh stream, or Redis restarted without its data
+            logger.info("recreating the group of %s", ", ".join(missing))
             await self.io.ensure_groups(missing)
         return out
 

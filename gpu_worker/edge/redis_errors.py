@@ -10,8 +10,9 @@ The worker never ends on a Redis error. What it does per class:
   operator has to fix the ACL; the worker picks up as soon as it works).
 - ``OOM``: the server refuses writes. Stop reading new work, keep finishing (retrying the
   writes) and acknowledging; reported as a metric and not ready.
-- ``REDIRECT``: MOVED/ASK: the server is a cluster node, which this worker does not
-  speak yet: a clear error, not ready, retry slowly.
+- ``REDIRECT``: MOVED/ASK/CROSSSLOT left over after the cluster client's own redirects and
+  retries (slots moving for longer than they take, a proxy hiding the nodes): a clear
+  error, not ready, retry slowly.
 - ``REQUEST``: an error about one call's own keys or values (WRONGTYPE after a client
   wrote a request's key, a script error): that request alone ends.
 """

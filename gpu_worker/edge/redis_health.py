@@ -19,8 +19,8 @@ _ADVICE = {
                  "ops/redis/users.acl); retrying slowly, not ready meanwhile",
     Kind.OOM: " -- the server is out of memory (maxmemory); reading no new work, still "
               "finishing what is held",
-    Kind.REDIRECT: " -- the server is a Redis Cluster node, which this worker does not "
-                   "support yet; point it at a single server. Retrying slowly, not ready",
+    Kind.REDIRECT: " -- a redirect the cluster client did not follow (slots moving, or a "
+                   "cluster behind a proxy that hides its nodes); retrying slowly, not ready",
 }
 # What a working read or write proves is over (a read works while writes are refused).
 _CLEARED_BY_READ = (Kind.TRANSIENT, Kind.MISSING, Kind.DENIED, Kind.REDIRECT)

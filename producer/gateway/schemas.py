@@ -18,7 +18,7 @@ Temperature = Annotated[float, Meta(ge=0.0, le=2.0)]
 TopP = Annotated[float, Meta(gt=0.0, le=1.0)]
 Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
 MaxTokens = Annotated[int, Meta(ge=1, le=L.MAX_TOKENS)]
-Seed = Annotated[int, Meta(ge=0, le=2**63 - 1)]
+Seed = Annotated[int, Meta(ge=0, le=L.MAX_SAFE_INTEGER)]
 Stop = Union[Annotated[str, Meta(max_length=L.MAX_STOP_STRING_CHARS)],
              Annotated[list[Annotated[str, Meta(max_length=L.MAX_STOP_STRING_CHARS)]],
                        Meta(max_length=L.MAX_STOP_STRINGS)]]

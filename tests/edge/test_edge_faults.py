@@ -162,23 +162,16 @@ def test_redis_restart_without_persistence(workers, redis_server, r):
 
 
 def test_an_entry_delivered_to_a_paused_worker_is_begun_once(workers, redis_server, r):
-    """Found by the soak: paused inside a blocking XREADGROUP, a worker is delivered an
-    entry; resumed, it also reclaims it (idle past claim_idle_ms). Before: it began the
-    request twice, failed it as duplicate_request_id or fenced itself out of it."""
+    """Found by the soak: a worker paused right after XREADGROUP delivered it an entry, once
+    resumed, also reclaims that entry (idle past claim_idle_ms). Before: it began the
+    request twice, failed it as duplicate_request_id or fenced itself out of it. (Reads now
+    wait in XREAD, which delivers nothing, so the delivery is made here in its name.)"""
     worker = workers.start()
     stream_key = keys.stream_key("default", "default", "default")
-    time.sleep(1.0)  # idle: the worker sits in XREADGROUP BLOCK most of the time
     with FleetClient(redis_server.url) as fleet:
-        for attempt in range(30):
-            worker.signal(signal.SIGSTOP)
-            victim = fleet.submit(request_id=f"a{attempt}", max_tokens=50, **LONG)
-            time.sleep(0.4)
-            if r.xpending(stream_key, keys.GROUP)["pending"]:
-                break  # delivered to the stopped worker
-            worker.signal(signal.SIGCONT)
-            victim.result(timeout=30)
-        else:
-            raise AssertionError("never caught the worker inside its blocking read")
+        worker.signal(signal.SIGSTOP)
+        victim = fleet.submit(request_id="victim", max_tokens=50, **LONG)
+        assert r.xreadgroup(keys.GROUP, worker.worker_id, {stream_key: ">"}, count=1)
         time.sleep(2.0)  # past claim_idle_ms: the entry is reclaimable when it wakes
         worker.signal(signal.SIGCONT)
         assert len(victim.result(timeout=30).token_ids) == 50

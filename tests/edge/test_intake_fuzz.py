@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 from redis_server import RedisServer, wait_until
 
 from producer import FleetClient
-from shared import codec, keys, limits
+from shared import codec, keys, limits, tenants
+from shared.tenants import TenantConfig
 from shared.protocol import Token
 
 STREAM = keys.stream_key("default", "default", "default")
@@ -101,6 +102,8 @@ def fleet_under_fuzz(tmp_path_factory):
     from gpu_worker.testing import make_tiny_model
 
     server = RedisServer().start()
+    redis.Redis.from_url(server.url).hset(keys.tenants_key(), mapping={
+        t: tenants.encode(TenantConfig(name=t, lanes=list(keys.LANES))) for t in TENANTS})
     tmp = tmp_path_factory.mktemp("fuzz")
     factory = WorkerFactory(server, make_tiny_model(tmp / "tiny"), tmp)
     procs = [factory.start(), factory.start()]
@@ -134,7 +137,7 @@ def test_hostile_entries_interleaved_with_valid_traffic(fleet_under_fuzz, entrie
                 continue
             tenant = TENANTS[i % 2]
             entry_fields, request_id = _entry(*item, f"fz{example}-{i}", tenant)
-            r.xadd(STREAM, entry_fields)
+            r.xadd(keys.stream_key("default", tenant, "default"), entry_fields)  # its own stream
             if request_id is None:
                 unaddressable += 1
             else:
@@ -144,8 +147,9 @@ def test_hostile_entries_interleaved_with_valid_traffic(fleet_under_fuzz, entrie
     for tenant, request_id in addressed:
         wait_until(lambda: channels.terminals(tenant, request_id), timeout=60,
                    what=f"a terminal event for {tenant}/{request_id}")
-    wait_until(lambda: r.xlen(STREAM) == 0 and r.xpending(STREAM, keys.GROUP)["pending"] == 0,
-               timeout=30, what="every entry acknowledged")
+    streams = [keys.stream_key("default", t, "default") for t in TENANTS]
+    wait_until(lambda: all(r.xlen(s) == 0 and r.xpending(s, keys.GROUP)["pending"] == 0
+                           for s in streams), timeout=30, what="every entry acknowledged")
     failures = 0
     for tenant, request_id in addressed:
         (terminal,) = channels.terminals(tenant, request_id)  # exactly one

@@ -105,7 +105,7 @@ def test_the_scan_is_linear_on_pathological_strings():
 valid_requests = st.builds(
     Request, request_id=ids, prompt=st.text(max_size=200),
     max_tokens=st.integers(1, limits.MAX_TOKENS), temperature=st.floats(0, 100),
-    top_k=st.integers(0, limits.MAX_TOP_K), seed=st.none() | st.integers(0, 2**63 - 1),
+    top_k=st.integers(0, limits.MAX_TOP_K), seed=st.none() | st.integers(0, limits.MAX_SAFE_INTEGER),
     stop=st.lists(st.text(min_size=1, max_size=20), max_size=limits.MAX_STOP_STRINGS),
     metadata=st.dictionaries(st.text(max_size=20), st.text(max_size=50), max_size=5))
 
@@ -125,7 +125,7 @@ def test_extreme_numbers_are_refused_at_decode(request, field, value):
     obj[field] = value
     result = _decode(json.dumps(obj).encode())
     if isinstance(result, Request):  # accepted: then it is within what the engine takes
-        assert result.top_k <= limits.MAX_TOP_K and (result.seed is None or result.seed < 2**63)
+        assert result.top_k <= limits.MAX_TOP_K and (result.seed is None or result.seed <= limits.MAX_SAFE_INTEGER)
         assert result.deadline is None or result.deadline <= limits.MAX_UNIX_TIME
     else:
         assert result.request_id == request.request_id

@@ -23,6 +23,6 @@ export const MAX_UNIX_TIME = 1e11;
 /** Every integer of the protocol is within +-(2^53 - 1): a JavaScript number holds it exactly. */
 export const MAX_SAFE_INTEGER = Number.MAX_SAFE_INTEGER;
 
-export const REQUEST_ID_PATTERN = "^[A-Za-z0-9][A-Za-z0-9._:\\-]{0,127}$";
-export const TENANT_PATTERN = "^[A-Za-z0-9][A-Za-z0-9._\\-]{0,63}$";
-export const MODEL_NAME_PATTERN = "^[A-Za-z0-9][A-Za-z0-9._\\-]{0,63}$";
+export const REQUEST_ID_PATTERN = "^[A-Za-z0-9][A-Za-z0-9._:\\-]{0,127}$(?!\\n)";
+export const TENANT_PATTERN = "^[A-Za-z0-9][A-Za-z0-9._\\-]{0,63}$(?!\\n)";
+export const MODEL_NAME_PATTERN = "^[A-Za-z0-9][A-Za-z0-9._\\-]{0,63}$(?!\\n)";
