@@ -6,8 +6,10 @@ real clients (this process) keep requests in flight, each subscribed to its chan
 before it is enqueued, and check every event (exactly once, in order, the right tokens,
 the right result). Measured over a window of ``--seconds`` after ``--warmup-s``: Redis
 server CPU seconds (INFO cpu, user + sys, summed over every node) per 1,000 tokens
-delivered, the worker's and the clients' CPU per 1,000 tokens, the tokens/s delivered
-against the engine's rate, token events per token, and how late tokens reach the client.
+delivered (also less what the idle servers use: cron, and gossip on a cluster, measured
+before the first run), the worker's and the clients' CPU per 1,000 tokens, the tokens/s
+delivered against the engine's rate, token events per token, and how late tokens reach
+the client.
 
 Side by side, interleaved run by run (the machine's load drifts): a single server and a
 Redis Cluster of ``--cluster-nodes`` masters, both started here on loopback ports; for
@@ -31,12 +33,14 @@ from pathlib import Path
 
 from gpu_worker.bench.edge_redis import Servers
 from gpu_worker.bench.edge_run import Run, Topology, measure
+from gpu_worker.bench.edge_scripts import publish_cost
 
 logger = logging.getLogger(__name__)
 
-_SUMMED = ("redis_cpu_s_per_1k_tokens", "worker_cpu_s_per_1k_tokens", "client_cpu_s_per_1k_tokens",
+_SUMMED = ("redis_cpu_s_per_1k_tokens", "redis_cpu_s_per_1k_tokens_above_idle",
+           "worker_cpu_s_per_1k_tokens", "client_cpu_s_per_1k_tokens",
            "offered_tok_s", "delivered_tok_s", "events_per_token", "token_age_ms_p50",
-           "token_age_ms_p99", "redis_cpu_share")
+           "token_age_ms_p99", "redis_cpu_share", "redis_cpu_system_fraction")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -47,6 +51,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--saturate-seqs", type=int, default=0,
                    help="also run this many sequences (0: no saturated load)")
     p.add_argument("--saturate-step-ms", type=float, default=10.0)
+    p.add_argument("--saturate-intervals", default="0,50",
+                   help="stream_interval_ms values at the saturated load (after the baseline)")
     p.add_argument("--tokens-per-step", type=int, default=1)
     p.add_argument("--max-tokens", type=int, default=100, help="tokens per request")
     p.add_argument("--intervals", default="0,20,50", help="stream_interval_ms values measured")
@@ -54,28 +60,43 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cluster-nodes", type=int, default=3)
     p.add_argument("--no-baseline", action="store_true", help="skip the pre-cut scripts")
     p.add_argument("--repeats", type=int, default=1, help="rounds of the steady load, interleaved")
+    p.add_argument("--idle-s", type=float, default=2.0, help="idle servers' CPU, measured first")
+    p.add_argument("--script-rounds", type=int, default=60,
+                   help="rounds of the PUBLISH script alone, per variant (0: skip)")
     p.add_argument("--json", type=Path, default=None, help="write the report here")
 
 
 def plan(args) -> list[Run]:
     """Every run, in the order measured: rounds of the steady load, then the saturated one
     (once); within a round each variant in turn (topologies alternate inside ``_run_all``)."""
-    variants = ([] if args.no_baseline else [("baseline", 0)]) + [
-        ("cut", int(x)) for x in args.intervals.split(",") if x != ""]
+    def variants(intervals: str) -> list[tuple[str, int]]:
+        return ([] if args.no_baseline else [("baseline", 0)]) + [
+            ("cut", int(x)) for x in intervals.split(",") if x != ""]
+
     runs = [Run("steady", args.seqs, args.step_ms, v, i) for _ in range(args.repeats)
-            for v, i in variants]
+            for v, i in variants(args.intervals)]
     if args.saturate_seqs:
-        runs += [Run("saturated", args.saturate_seqs, args.saturate_step_ms, v, i) for v, i in variants]
+        runs += [Run("saturated", args.saturate_seqs, args.saturate_step_ms, v, i)
+                 for v, i in variants(args.saturate_intervals)]
     return runs
 
 
-async def _run_all(args, workdir: Path) -> list[dict]:
+async def _run_all(args, workdir: Path) -> tuple[list[dict], dict]:
+    """Every run's figures; and what was measured on the servers alone (idle CPU, the
+    PUBLISH script's own cost)."""
     topologies: list[Topology] = []
     try:
         for name in [t for t in args.topologies.split(",") if t]:
             cluster = name == "cluster"
             servers = Servers(cluster=cluster, nodes=args.cluster_nodes if cluster else 1)
             topologies.append(Topology(name, servers.start()))
+        scripts = {}
+        for topo in topologies:
+            await topo.measure_idle(args.idle_s)
+            if args.script_rounds:
+                scripts[topo.name] = publish_cost(topo.admin, topo.slot_owner,
+                                                  cluster=topo.servers.cluster,
+                                                  rounds=args.script_rounds)
         results = []
         for run in plan(args):
             for topo in topologies:
@@ -84,7 +105,8 @@ async def _run_all(args, workdir: Path) -> list[dict]:
                             topo.name, run.load, run.name, result["redis_cpu_s_per_1k_tokens"],
                             result["delivered_tok_s"], result["correct"])
                 results.append(result)
-        return results
+        idle = {topo.name: round(topo.idle_cpu_share, 5) for topo in topologies}
+        return results, {"redis_idle_cpu_share": idle, "publish_script_server_us_per_call": scripts}
     finally:
         for topo in topologies:
             topo.servers.stop()
@@ -151,13 +173,15 @@ def run(args: argparse.Namespace) -> int:
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     machine = _machine()
     with tempfile.TemporaryDirectory(prefix="fleet-bench-edge-") as tmp:
-        results = asyncio.run(_run_all(args, Path(tmp)))
+        results, alone = asyncio.run(_run_all(args, Path(tmp)))
     machine["load_avg_after"] = _load()
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
               if not k.startswith("_") and k not in ("json", "command", "subcommand")}
     report = {"machine": machine, "date": started, "config": config,
-              "summary": summarize(results), "runs": results}
-    sys.stdout.write(json.dumps(report["summary"], indent=2) + "\n")
+              **alone, "summary": summarize(results), "runs": results}
+    sys.stdout.write(json.dumps({k: report[k] for k in ("publish_script_server_us_per_call",
+                                                        "redis_idle_cpu_share", "summary")},
+                                indent=2) + "\n")
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
     if not all(r["correct"] for r in results):

@@ -101,11 +101,17 @@ def _cluster_ok(client: redis.Redis, num_nodes: int) -> bool:
 
 def cpu_seconds(clients: list[redis.Redis]) -> float:
     """Server CPU (user + system) used so far, summed over ``clients``' nodes."""
-    total = 0.0
+    return sum(cpu_split(clients))
+
+
+def cpu_split(clients: list[redis.Redis]) -> tuple[float, float]:
+    """Server CPU used so far, (user, system), summed over ``clients``' nodes."""
+    user = system = 0.0
     for client in clients:
         info = client.info("cpu")
-        total += float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
-    return total
+        user += float(info["used_cpu_user"])
+        system += float(info["used_cpu_sys"])
+    return user, system
 
 
 def command_stats(clients: list[redis.Redis]) -> dict[str, tuple[int, int]]:

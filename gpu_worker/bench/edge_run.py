@@ -17,7 +17,7 @@ from pathlib import Path
 import redis
 
 from gpu_worker.bench.edge_clients import Books, Traffic
-from gpu_worker.bench.edge_redis import Servers, command_stats, cpu_seconds
+from gpu_worker.bench.edge_redis import Servers, command_stats, cpu_seconds, cpu_split
 from gpu_worker.bench.soak_procs import child_env, tail
 from shared import keys
 
@@ -48,6 +48,13 @@ class Topology:
         share = 16384 // len(servers.ports)
         last = len(servers.ports) - 1
         self.slot_owner = (lambda slot: min(slot // share, last)) if servers.cluster else (lambda slot: 0)
+        self.idle_cpu_share = 0.0
+
+    async def measure_idle(self, seconds: float) -> None:
+        """The servers' own CPU with no traffic (cron; gossip on a cluster), per second."""
+        t0, c0 = time.monotonic(), cpu_seconds(self.admin)
+        await asyncio.sleep(seconds)
+        self.idle_cpu_share = (cpu_seconds(self.admin) - c0) / (time.monotonic() - t0)
 
 
 def _proc_cpu(pid: int) -> float:
@@ -101,17 +108,20 @@ async def measure(args, topo: Topology, run: Run, workdir: Path) -> dict:
         await traffic.start()
         await asyncio.sleep(args.warmup_s)
         commands = command_stats(topo.admin)
-        before = (time.monotonic(), cpu_seconds(topo.admin), _proc_cpu(proc.pid), _self_cpu())
+        split = cpu_split(topo.admin)
+        before = (time.monotonic(), sum(split), _proc_cpu(proc.pid), _self_cpu())
         traffic.books.in_window = True
         await asyncio.sleep(args.seconds)
         traffic.books.in_window = False
         after = (time.monotonic(), cpu_seconds(topo.admin), _proc_cpu(proc.pid), _self_cpu())
+        split = [b - a for a, b in zip(split, cpu_split(topo.admin))]
         commands = _per_1k(commands, command_stats(topo.admin), traffic.books.window_tokens)
         finished = await traffic.finish(timeout=60 + args.max_tokens * run.step_ms / 1000)
     finally:
         _stop(proc)
         await traffic.close()
     figures = _figures(args, topo, run, traffic.books, before, after, finished)
+    figures["redis_cpu_system_fraction"] = round(split[1] / max(sum(split), 1e-9), 3)
     figures["commands_per_1k_tokens"] = commands
     return figures
 
@@ -147,6 +157,8 @@ def _figures(args, topo: Topology, run: Run, books: Books, before, after, finish
         "delivered_tok_s": round(books.window_tokens / wall, 1),
         "redis_cpu_s_per_1k_tokens": round(1000 * redis_cpu / tokens, 5),
         "redis_cpu_share": round(redis_cpu / wall, 4),
+        "redis_cpu_s_per_1k_tokens_above_idle": round(
+            1000 * (redis_cpu - topo.idle_cpu_share * wall) / tokens, 5),
         "worker_cpu_s_per_1k_tokens": round(1000 * worker_cpu / tokens, 5),
         "client_cpu_s_per_1k_tokens": round(1000 * client_cpu / tokens, 5),
         "token_age_ms_p50": _pct(books.ages_ms, 0.5), "token_age_ms_p99": _pct(books.ages_ms, 0.99),
