@@ -24,6 +24,8 @@ def _ready(port: int) -> tuple[int, str]:
             return reply.status, reply.read().decode().strip()
     except urllib.error.HTTPError as err:
         return err.code, err.read().decode().strip()
+    except urllib.error.URLError:  # not listening yet (the model still loading)
+        return 0, "not listening"
 
 
 def _metric(port: int, name: str) -> float:
