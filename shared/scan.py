@@ -90,9 +90,9 @@ def _read_value(head: bytes, pos: int, name: str, found: dict) -> None:
 
 def _result(deepest: int, too_deep: bool, found: dict) -> Scan:
     request_id = found.get("request_id")
-    tenant = found.get("tenant", "default")
+    tenant = found.get("tenant")  # absent or null: the stream names the tenant
     if not (isinstance(request_id, str) and _ID_RE.match(request_id)
-            and isinstance(tenant, str) and _TENANT_RE.match(tenant)):
+            and (tenant is None or isinstance(tenant, str) and _TENANT_RE.match(tenant))):
         request_id = tenant = None
     version = found.get("v")
     return Scan(deepest, too_deep, request_id, tenant,

@@ -65,7 +65,7 @@ def test_deep_nesting_anywhere_is_too_deep_and_addressable(request_id, where, de
            + opener * depth + "1" + closer * depth + "}").encode()
     exc = _decode(raw)
     assert isinstance(exc, errors.ProtocolError) and exc.code == errors.TOO_DEEP
-    assert (exc.request_id, exc.tenant) == (request_id, "default")
+    assert (exc.request_id, exc.tenant) == (request_id, None)  # the stream names the tenant
 
 
 def test_deep_nesting_before_the_id_is_unaddressable_not_fatal():
