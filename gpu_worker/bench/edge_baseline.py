@@ -9,10 +9,23 @@ from __future__ import annotations
 
 from gpu_worker.edge import scripts
 
-# BEGIN without the line that renews the progress's TTL
-_RENEW_PROGRESS = "redis.call('PEXPIRE', KEYS[2], ARGV[3])  -- a resumed request's progress lives as long\n"
-assert _RENEW_PROGRESS in scripts.BEGIN
-BEGIN = scripts.BEGIN.replace(_RENEW_PROGRESS, "")
+# Kept verbatim (not derived from the current BEGIN): the baseline must not move with it.
+BEGIN = """
+local status = redis.call('HGET', KEYS[1], 'status')
+if status == 'done' then return {'done'} end
+local entry = redis.call('HGET', KEYS[1], 'entry')
+if entry and entry ~= ARGV[2] then return {'duplicate'} end
+local fence = redis.call('HINCRBY', KEYS[1], 'fence', 1)
+local owner = ARGV[1] .. '#' .. fence
+redis.call('HSET', KEYS[1], 'owner', owner, 'entry', ARGV[2], 'status', 'running')
+redis.call('HSETNX', KEYS[1], 'first_start', ARGV[4])
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+local first_start = redis.call('HGET', KEYS[1], 'first_start')
+local first_token = redis.call('HGET', KEYS[1], 'first_token_at') or ''
+local reply = {'ok', owner, tostring(redis.call('EXISTS', KEYS[3])), first_start, first_token}
+for _, event in ipairs(redis.call('LRANGE', KEYS[2], 0, -1)) do table.insert(reply, event) end
+return reply
+"""
 
 # KEYS: state, progress, cancel, channel. ARGV: owner, ttl_ms, publish command, event JSON,
 # first-token time or '', seq, end (the event's tokens are [seq, end)). The state's
