@@ -84,10 +84,7 @@ class RequestStream:
         except asyncio.TimeoutError:
             raw = RECONNECTED
         if raw is RECONNECTED:
-            try:
-                await self.recover()
-            except (RedisError, OSError) as exc:  # Redis is failing over: the next poll retries
-                logger.info("cannot read the stored progress of %s yet: %r", self.request_id, exc)
+            await self._try_recover()
             return
         try:
             event = codec.decode_event(raw)
@@ -96,12 +93,14 @@ class RequestStream:
             return
         if isinstance(event, Token):
             if event.seq > self.next_seq:  # a gap: the stored progress has what we missed
-                await self.recover()
+                await self._try_recover()
             self._take(event)
         else:
             if len(event.token_ids if isinstance(event, Result) else []) > self.next_seq:
-                await self.recover()
-            self._terminal = event
+                await self._try_recover()
+                if len(event.token_ids) > self.next_seq and self._terminal is None:
+                    return  # tokens still missing: the next poll reads them and the result
+            self._end(event)
 
     def _take(self, event: Token) -> None:
         if event.seq != self.next_seq:
@@ -109,6 +108,15 @@ class RequestStream:
         self.token_ids.extend(event.token_ids)
         self.text += event.text
         self._ready.append(event)
+
+    async def _try_recover(self) -> None:
+        """:meth:`recover`, or nothing while Redis is failing over (the next poll retries;
+        redis-py's cluster client can also raise AttributeError/RuntimeError on a
+        connection torn down mid-failover)."""
+        try:
+            await self.recover()
+        except (RedisError, OSError, AttributeError, RuntimeError) as exc:
+            logger.info("cannot read the stored progress of %s yet: %r", self.request_id, exc)
 
     async def recover(self) -> None:
         """Fill from the durable progress and result (what pub/sub may have dropped)."""
@@ -120,4 +128,14 @@ class RequestStream:
         for raw in progress:
             self._take(codec.decode_token(raw))
         if stored is not None and self._terminal is None:
-            self._terminal = codec.decode_terminal(stored)
+            self._end(codec.decode_terminal(stored))
+
+    def _end(self, event: Result | Failure) -> None:
+        """The terminal event. The result is authoritative: tokens it holds that no event
+        brought (stored events lost with a Redis failover, say) are delivered from it."""
+        if isinstance(event, Result) and len(event.token_ids) > self.next_seq \
+                and event.token_ids[:self.next_seq] == self.token_ids:
+            tail_text = event.text[len(self.text):] if event.text.startswith(self.text) else ""
+            self._take(Token(request_id=self.request_id, seq=self.next_seq,
+                             token_ids=event.token_ids[self.next_seq:], text=tail_text))
+        self._terminal = event
