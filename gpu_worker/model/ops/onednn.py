@@ -26,6 +26,14 @@ logger = logging.getLogger(__name__)
 PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
 
 
+def packable(dtype: torch.dtype) -> bool:
+    """oneDNN can pack weights of ``dtype`` on this CPU (bfloat16 needs AVX-512 BW/VL/DQ or
+    AVX-NE-CONVERT; an AVX2-only CPU such as EPYC Milan has neither)."""
+    if dtype == torch.bfloat16:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return dtype in PACKABLE_DTYPES
+
+
 def available() -> bool:
     """oneDNN is built into this torch and exposes the ops."""
     ops = torch.ops.mkldnn
@@ -72,7 +80,7 @@ def pack_for_cpu(model: nn.Module) -> int:
     were packed: 0 when oneDNN is unavailable or the model is not on the CPU in such a dtype."""
     head = getattr(model, "lm_head", None)
     probe = next((p for p in model.parameters() if p.numel()), None)
-    if not available() or probe is None or probe.device.type != "cpu" or probe.dtype not in PACKABLE_DTYPES:
+    if not available() or probe is None or probe.device.type != "cpu" or not packable(probe.dtype):
         return 0
     targets = [(parent, name, child) for parent in model.modules()
                for name, child in parent.named_children() if type(child) is Linear]
