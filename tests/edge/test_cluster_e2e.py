@@ -112,6 +112,14 @@ def test_a_killed_master_loses_and_repeats_nothing(cluster, tiny_model, tmp_path
         assert main(["submit", "Hello", "--raw", "--tenant", "globex", "--max-tokens", "4",
                      "--redis-url", node]) == 0
         assert main(["status", "--json", "--redis-url", node]) == 0
+        (tmp_path / "in.jsonl").write_text("".join(json.dumps({
+            "prompt_token_ids": _prompt(i), "max_tokens": LENGTH, "temperature": 0,
+            "ignore_eos": True, "speculative": False}) + "\n" for i in range(3)))
+        assert main(["batch", str(tmp_path / "in.jsonl"), str(tmp_path / "out.jsonl"),
+                     "--tenant", "acme", "--lane", "default", "--quiet",
+                     "--redis-url", node]) == 0
+        lines = [json.loads(x) for x in (tmp_path / "out.jsonl").read_text().splitlines()]
+        assert len(lines) == 3 and all("result" in line for line in lines), lines
         with FleetClient(node, tenant="globex") as fleet:
             assert fleet.generate(request_id="sync-0", prompt_token_ids=_prompt(0),
                                   max_tokens=LENGTH, temperature=0.0, ignore_eos=True,
