@@ -142,7 +142,7 @@ class WorkerMetrics:
                               resumed=bool(inf.prior_token_ids))
                 if delta.new_token_ids:
                     self.tenant_tokens.labels(self.model_name, self.tenant_label(
-                        inf.tenant)).inc(len(delta.new_token_ids))
+                        getattr(inf, "tenant", "default"))).inc(len(delta.new_token_ids))
         self.on_held(inflight)
 
     def tenant_label(self, tenant: str) -> str:
@@ -157,7 +157,7 @@ class WorkerMetrics:
     def on_held(self, inflight: dict) -> None:
         counts = dict.fromkeys(set(self._tenant_labels.values()), 0)
         for inf in inflight.values():
-            label = self.tenant_label(inf.tenant)
+            label = self.tenant_label(getattr(inf, "tenant", "default"))
             counts[label] = counts.get(label, 0) + 1
         for label, n in counts.items():
             self.tenant_held.labels(self.model_name, label).set(n)

@@ -52,6 +52,11 @@ ROWS = [
         ("Tokens / s", "short", [
             (f"sum(rate(fleet:prompt_tokens_total{{{M}}}[$__rate_interval]))", "prompt"),
             (f"sum(rate(fleet:generation_tokens_total{{{M}}}[$__rate_interval]))", "generation")]),
+        ("Tokens / s by tenant", "short", [
+            (f"sum by (tenant) (rate(fleet:tenant_generation_tokens_total{{{M}}}[$__rate_interval]))",
+             "{{tenant}}")]),
+        ("Requests held by tenant", "short", [
+            (f"sum by (tenant) (fleet:tenant_requests_held{{{M}}})", "{{tenant}}")]),
         ("Finished / s by reason", "reqps", [
             (f"sum by (finished_reason) (rate(fleet:request_success_total{{{M}}}[$__rate_interval]))",
              "{{finished_reason}}"),

@@ -61,13 +61,13 @@ def test_permission_denied_is_logged_once_not_ready_then_recovers(workers, redis
                   commands=["+@all"])
     url = f"redis://fw:pw@127.0.0.1:{redis_server.port}/0"
     worker, port = _start(workers, redis_url=url, block_ms=200)
-    r.acl_setuser("fw", commands=["-xreadgroup"])
+    r.acl_setuser("fw", enabled=True, commands=["-xreadgroup"])  # enabled: or the user is off
     with FleetClient(redis_server.url) as fleet:
         stream = fleet.submit(**GREEDY)  # seen waiting; reading it is refused
         wait_until(lambda: _ready(port) == (503, "redis: denied"), timeout=20, what="not ready")
         time.sleep(12)  # two slow retries: the request waits in the stream, the log stays quiet
         assert fleet.get_result(stream.request_id) is None
-        r.acl_setuser("fw", commands=["+xreadgroup"])
+        r.acl_setuser("fw", enabled=True, commands=["+xreadgroup"])
         assert len(stream.result(timeout=30).token_ids) == 5
     wait_until(lambda: _ready(port)[0] == 200, timeout=10, what="ready again")
     assert worker.proc.poll() is None
