@@ -1,134 +1,151 @@
 """``fleet batch IN.jsonl OUT.jsonl``: a resumable batch pipeline with a bounded window.
 
-Each input line is a request object (the fields of :class:`~shared.protocol.Request`;
-``request_id`` optional). A line without an id gets one derived from its number and
-content, so a rerun submits the same ids: lines already in OUT are skipped, and lines that
-were in flight when the run was interrupted are picked up again without generating twice
-(the fleet is idempotent by request id). Output lines, in completion order:
-``{"line": n, "request_id": ..., "result": {...}}`` or ``{..., "failure": {...}}``.
+Two input formats, told apart per file by its first line:
+
+- **fleet**: each line a request object (the fields of :class:`~shared.protocol.Request`;
+  ``request_id`` optional: without one the id is a digest of the line alone). Output:
+  ``{"line": n, "request_id": ..., "result": {...}}`` or ``{..., "failure": {...}}``.
+- **OpenAI Batch** (``{"custom_id", "method", "url", "body"}``, as vLLM's ``run-batch``
+  takes): output lines are OpenAI Batch output lines (:mod:`producer.openai_batch`).
+
+Lines come out in completion order, or in input order with ``--ordered``. A rerun skips the
+lines already in OUT, and lines in flight when a run was interrupted are picked up again
+without generating twice (the fleet is idempotent by request id). The input is read one
+line at a time, so memory is bounded by the window, not the file.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
-import json
 import logging
-import os
 import sys
-import time
 
 import msgspec
+from redis.exceptions import RedisClusterException, RedisError
 
+from producer import batch_io, openai_batch
+from producer.batch_progress import Progress
 from producer.client import AsyncFleetClient
 from producer.errors import RequestFailed
-from shared.protocol import Request
+from producer.gateway.redact import redact
+from producer.gateway.render import TokenNames
 
 logger = logging.getLogger(__name__)
 
 
 def add_parser(sub, add_common) -> None:
-    p = sub.add_parser("batch", help="run a JSONL file of requests; resumable")
+    p = sub.add_parser("batch", help="run a JSONL file of requests (fleet or OpenAI Batch "
+                                     "format); resumable")
     add_common(p)
     p.add_argument("input")
     p.add_argument("output")
     p.add_argument("--window", type=int, default=64, help="most requests in flight")
     p.add_argument("--lane", choices=("high", "default", "batch"), default="batch")
     p.add_argument("--tenant", default="default")
+    p.add_argument("--ordered", action="store_true",
+                   help="write output lines in input order (default: as they complete)")
+    p.add_argument("--progress-every", type=float, default=10.0, metavar="S",
+                   help="seconds between progress lines when stderr is not a terminal")
     p.add_argument("--quiet", action="store_true", help="no progress line")
     p.set_defaults(_run=run)
 
 
-def line_request(number: int, line: str, *, tenant: str, lane: str) -> Request:
-    fields = json.loads(line)
-    if not isinstance(fields, dict):
-        raise ValueError("each line must be a JSON object")
-    digest = hashlib.sha256(line.encode()).hexdigest()[:16]
-    fields.setdefault("request_id", f"batch-{number}-{digest}")
-    fields.setdefault("tenant", tenant)
-    fields.setdefault("priority", lane)
-    fields.setdefault("submitted_at", time.time())
-    return msgspec.convert(fields, Request)
+async def _fleet_record(fleet: AsyncFleetClient, job: batch_io.Job) -> tuple[dict, int, bool]:
+    stream = await fleet.submit(job.request)
+    try:
+        result = await stream.result()
+    except RequestFailed as exc:
+        return {"failure": msgspec.to_builtins(exc.failure)}, 0, True
+    return {"result": msgspec.to_builtins(result)}, result.usage.completion_tokens, False
 
 
-def finished_ids(path: str) -> set[str]:
-    """Ids already written; a torn last line (interrupted write) is cut off."""
-    if not os.path.exists(path):
-        return set()
-    with open(path, "rb+") as f:
-        data = f.read()
-        keep = data.rfind(b"\n") + 1
-        if keep != len(data):
-            f.truncate(keep)
-    return {json.loads(line)["request_id"] for line in data[:keep].splitlines() if line.strip()}
+async def _record(fleet, job: batch_io.Job, lane: str, names: TokenNames) -> tuple[dict, int, bool]:
+    """The output line of ``job``, its completion tokens, and whether it failed."""
+    if job.request is not None:
+        record, tokens, failed = await _fleet_record(fleet, job)
+        return {"line": job.number, "request_id": job.request_id, **record}, tokens, failed
+    if job.refused is not None:
+        return openai_batch.refused_line(job.key, job.refused), 0, True
+    job.line.fields["priority"] = lane
+    line = await openai_batch.run_line(fleet, job.line, job.request_id, names)
+    body = line["response"]["body"]
+    tokens = body.get("usage", {}).get("completion_tokens", 0) if isinstance(body, dict) else 0
+    return line, tokens, not openai_batch.is_success(line)
 
 
-class _Progress:
-    def __init__(self, total: int, quiet: bool) -> None:
-        self.total, self.quiet = total, quiet
-        self.done = self.tokens = self.failed = 0
-        self.t0 = time.perf_counter()
-        self._last = 0.0
-
-    def add(self, tokens: int, failed: bool) -> None:
-        self.done += 1
-        self.tokens += tokens
-        self.failed += int(failed)
-        now = time.perf_counter()
-        if not self.quiet and (now - self._last > 0.5 or self.done == self.total):
-            self._last = now
-            dt = max(now - self.t0, 1e-9)
-            sys.stderr.write(f"\r{self.done}/{self.total} requests  {self.done / dt:.2f} req/s  "
-                             f"{self.tokens / dt:.1f} tok/s  {self.failed} failed ")
-            sys.stderr.flush()
-
-
-async def run_batch(args: argparse.Namespace) -> int:
-    done = finished_ids(args.output)
-    with open(args.input, encoding="utf-8") as f:
-        lines = [(n, line) for n, line in enumerate(f, 1) if line.strip()]
-    todo, invalid = [], 0
-    for number, line in lines:
-        try:
-            request = line_request(number, line, tenant=args.tenant, lane=args.lane)
-        except (ValueError, msgspec.ValidationError) as exc:
-            logger.error("line %d is not a valid request, skipped: %s", number, exc)
-            invalid += 1
-            continue
-        if request.request_id not in done:
-            todo.append((number, request))
-    progress = _Progress(len(todo), args.quiet)
-    progress.failed = invalid
+async def _pipeline(args, fleet, fmt: str, progress: Progress, done) -> None:
     window = asyncio.Semaphore(args.window)
-    async with AsyncFleetClient(args.redis_url, model=args.model_name, tenant=args.tenant,
-                                poll_s=5.0) as fleet:
-        with open(args.output, "a", encoding="utf-8") as out:
-            async def one(number: int, request: Request) -> None:
-                try:
-                    stream = await fleet.submit(request)
-                    try:
-                        result = await stream.result()
-                        record = {"result": msgspec.to_builtins(result)}
-                        tokens, failed = result.usage.completion_tokens, False
-                    except RequestFailed as exc:
-                        record = {"failure": msgspec.to_builtins(exc.failure)}
-                        tokens, failed = 0, True
-                    out.write(json.dumps({"line": number, "request_id": request.request_id,
-                                          **record}) + "\n")
-                    out.flush()
-                    progress.add(tokens, failed)
-                finally:
-                    window.release()
+    names = TokenNames(None)
+    fatal: list[BaseException] = []
+    errors: list[tuple[int, str]] = []
+    with open(args.output, "a", encoding="utf-8") as out:
+        writer = batch_io.Writer(out, args.ordered, on_written=window.release)
 
-            tasks = []
-            for number, request in todo:
-                await window.acquire()
-                tasks.append(asyncio.create_task(one(number, request)))
-            await asyncio.gather(*tasks)
-    if not args.quiet:
-        sys.stderr.write("\n")
+        async def one(seq: int, job: batch_io.Job) -> None:
+            try:
+                record, tokens, failed = await _record(fleet, job, args.lane, names)
+            except BaseException as exc:
+                fatal.append(exc)
+                window.release()
+                raise
+            writer.put(seq, record)
+            progress.add(tokens, failed)
+
+        tasks, seq = [], 0
+        for job in batch_io.jobs(args.input, fmt, tenant=args.tenant, lane=args.lane,
+                                 errors=errors):
+            while errors:
+                number, message = errors.pop()
+                logger.error("line %d is not a valid request, skipped: %s", number, message)
+                progress.total -= 1
+                progress.failed += 1
+            if done[job.key] > 0:
+                done[job.key] -= 1
+                continue
+            await window.acquire()
+            if fatal:
+                raise fatal[0]
+            tasks.append(asyncio.create_task(one(seq, job)))
+            seq += 1
+        await asyncio.gather(*tasks)
+
+
+async def run_batch(args: argparse.Namespace, state: dict | None = None) -> int:
+    fmt = batch_io.detect_format(args.input)
+    done = batch_io.finished(args.output)
+    progress = Progress(batch_io.count_lines(args.input), sum(done.values()), quiet=args.quiet,
+                        every_s=args.progress_every)
+    if state is not None:
+        state["progress"] = progress
+    async with AsyncFleetClient(args.redis_url, model=args.model_name, tenant=args.tenant,
+                                poll_s=5.0, socket_connect_timeout=5) as fleet:
+        await fleet.redis.ping()
+        await _pipeline(args, fleet, fmt, progress, done)
+    progress.show()
+    progress.end()
     return 1 if progress.failed else 0
 
 
 def run(args: argparse.Namespace) -> int:
-    return asyncio.run(run_batch(args))
+    """Exit 0 when every line succeeded, 1 when some failed (their lines say why), 2 on a
+    file error, 3 when Redis cannot be used, 130 when interrupted (rerun to resume)."""
+    state: dict = {}
+    try:
+        return asyncio.run(run_batch(args, state))
+    except KeyboardInterrupt:
+        progress = state.get("progress")
+        where = f"{progress.written}/{progress.total}" if progress else "0/?"
+        if progress:
+            progress.end()
+        sys.stderr.write(f"interrupted: {where} written; rerun the same command to resume\n")
+        return 130
+    except (RedisError, RedisClusterException) as exc:
+        sys.stderr.write(f"fleet batch: Redis at {redact(args.redis_url)}: "
+                         f"{type(exc).__name__}: {redact(str(exc))}\n")
+        return 3
+    except OSError as exc:
+        sys.stderr.write(f"fleet batch: {exc.filename or ''}: {exc.strerror or exc}\n")
+        return 2
+    except batch_io.BadOutput as exc:
+        sys.stderr.write(f"fleet batch: {exc}\n")
+        return 2
