@@ -7,6 +7,7 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Iterator, Sequence
 from typing import Union
@@ -14,6 +15,7 @@ from typing import Union
 from gpu_worker.config import EngineConfig
 from gpu_worker.engine import EngineCore
 from gpu_worker.errors import InvalidRequestError
+from gpu_worker.fork import ParallelSampling
 from gpu_worker.outputs import CompletionOutput, RequestDelta
 from gpu_worker.sampling_params import SamplingParams
 
@@ -27,6 +29,7 @@ class LLM:
     def __init__(self, model: str | None = None, **engine_options) -> None:
         self.engine = EngineCore(EngineConfig(model=model, **engine_options))
         self.tokenizer = self.engine.tokenizer
+        self.sampling = ParallelSampling(self.engine)
         self._ids = itertools.count()
 
     def encode(self, prompt: Prompt) -> list[int]:
@@ -41,30 +44,34 @@ class LLM:
         raise InvalidRequestError("invalid_prompt", "a prompt is a string, a list of chat messages, or token ids")
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
-                 params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[CompletionOutput]:
+                 params: SamplingParams | Sequence[SamplingParams] | None = None, *,
+                 n: int = 1) -> list[CompletionOutput]:
         """Run every prompt in one continuous batch; results in prompt order. A bad prompt
-        raises before anything runs."""
+        raises before anything runs. ``n > 1``: each prompt's ``n`` samples share its KV
+        blocks; an output is its sample 0 with all ``n`` in ``choices``."""
         prompts = _as_list(prompts)
-        outputs: dict[str, CompletionOutput] = {}
+        outputs: dict[str, list[CompletionOutput]] = {}
         order = []
-        for rid, ids, p in self._submit(prompts, params):
-            outputs[rid] = CompletionOutput(request_id=rid, prompt_token_ids=ids)
+        for rid, ids, p in self._submit(prompts, params, n):
+            outputs[rid] = [CompletionOutput(request_id=rid, prompt_token_ids=ids, index=i) for i in range(n)]
             order.append(rid)
-        while self.engine.has_unfinished_requests():
-            for delta in self.engine.step():
-                _accumulate(outputs[delta.request_id], delta)
-        return [outputs[rid] for rid in order]
+        while self.sampling.has_unfinished_requests():
+            for delta in self.sampling.step():
+                _accumulate(outputs[delta.request_id][delta.index], delta)
+        return [_merged(outputs[rid]) for rid in order]
 
     def stream(self, prompts: Prompt | Sequence[Prompt],
-               params: SamplingParams | Sequence[SamplingParams] | None = None) -> Iterator[tuple[int, RequestDelta]]:
-        """Yield ``(prompt index, delta)`` as tokens come, across all prompts at once."""
+               params: SamplingParams | Sequence[SamplingParams] | None = None, *,
+               n: int = 1) -> Iterator[tuple[int, RequestDelta]]:
+        """Yield ``(prompt index, delta)`` as tokens come, across all prompts at once
+        (``delta.index``: the sample, with ``n > 1``)."""
         prompts = _as_list(prompts)
-        index = {rid: i for i, (rid, _, _) in enumerate(self._submit(prompts, params))}
-        while self.engine.has_unfinished_requests():
-            for delta in self.engine.step():
+        index = {rid: i for i, (rid, _, _) in enumerate(self._submit(prompts, params, n))}
+        while self.sampling.has_unfinished_requests():
+            for delta in self.sampling.step():
                 yield index[delta.request_id], delta
 
-    def _submit(self, prompts: list, params) -> list[tuple[str, list[int], SamplingParams]]:
+    def _submit(self, prompts: list, params, n: int = 1) -> list[tuple[str, list[int], SamplingParams]]:
         if params is None:
             params = SamplingParams()
         plist = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
@@ -74,13 +81,13 @@ class LLM:
         added = []
         try:
             for rid, ids, sp in batch:
-                self.engine.add_request(rid, ids, sp)
+                self.sampling.add_request(rid, ids, sp, n=n)
                 added.append(rid)
         except InvalidRequestError:
             for rid in added:
-                self.engine.abort_request(rid)
-            while self.engine.has_unfinished_requests():
-                self.engine.step()
+                self.sampling.abort_request(rid)
+            while self.sampling.has_unfinished_requests():
+                self.sampling.step()
             raise
         return batch
 
@@ -92,6 +99,13 @@ def _as_list(prompts) -> list:
     if items and (isinstance(items[0], dict) or isinstance(items[0], int)):
         return [items]      # a single chat or a single token-id list
     return items
+
+
+def _merged(choices: list[CompletionOutput]) -> CompletionOutput:
+    """Sample 0, with every sample in ``choices`` when there are several."""
+    if len(choices) == 1:
+        return choices[0]
+    return dataclasses.replace(choices[0], token_ids=list(choices[0].token_ids), choices=choices)
 
 
 def _accumulate(out: CompletionOutput, delta: RequestDelta) -> None:

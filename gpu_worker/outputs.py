@@ -35,6 +35,7 @@ class RequestDelta:
     num_cached_tokens: int = 0
     error_code: str | None = None
     error_message: str | None = None
+    index: int = 0                      # the sample of a request with n > 1 (gpu_worker.fork)
 
 
 @dataclass(kw_only=True)
@@ -51,3 +52,5 @@ class CompletionOutput:
     num_cached_tokens: int = 0
     error_code: str | None = None
     error_message: str | None = None
+    index: int = 0
+    choices: list["CompletionOutput"] = field(default_factory=list)   # all n samples when n > 1

@@ -69,6 +69,8 @@ class Request(Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
                              Annotated[str, Meta(max_length=L.MAX_METADATA_VALUE_CHARS)]],
                         Meta(max_length=L.MAX_METADATA_ITEMS)] = {}
     submitted_at: NonNegFloat | None = None
+    n: Annotated[int, Meta(ge=1, le=L.MAX_N,
+                           description="Samples of this prompt (choices), sharing its KV.")] = 1
 
     def __post_init__(self) -> None:
         given = [x is not None for x in (self.prompt, self.messages, self.prompt_token_ids)]
@@ -93,7 +95,8 @@ class Token(Struct, tag="token", kw_only=True, frozen=True, forbid_unknown_field
     so the events of a request tile ``[0, n)`` without gaps; a client keeps the first copy
     of every index and recovers a gap from the stored progress. ``text`` is the text these
     tokens completed (may be empty while a multi-byte character or a possible stop string
-    is pending).
+    is pending). ``index`` names the choice of a request with ``n > 1`` (0 otherwise);
+    ``seq`` and the tiling rule hold per choice.
     """
 
     request_id: RequestId
@@ -101,6 +104,7 @@ class Token(Struct, tag="token", kw_only=True, frozen=True, forbid_unknown_field
     token_ids: list[int]
     text: str
     logprobs: list[TokenLogprob] | None = None
+    index: Annotated[int, Meta(ge=0, lt=L.MAX_N)] = 0
 
 
 class Usage(Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
@@ -118,8 +122,22 @@ class Timings(Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     total_s: float = 0.0
 
 
+class Choice(Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """One sample of a request with ``n > 1``: its tokens, text and how it ended."""
+
+    index: Annotated[int, Meta(ge=0, lt=L.MAX_N)]
+    finish_reason: Literal["stop", "length", "cancelled", "timeout"]
+    stop_reason: str | int | None = None
+    text: str
+    token_ids: list[int]
+
+
 class Result(Struct, tag="result", kw_only=True, frozen=True, forbid_unknown_fields=True):
-    """The terminal event of a request that generated (possibly zero tokens)."""
+    """The terminal event of a request that generated (possibly zero tokens).
+
+    The top-level ``finish_reason``/``text``/``token_ids`` are choice 0's; ``choices``
+    holds every choice, in index order, when the request asked for ``n > 1`` (else None);
+    ``usage.completion_tokens`` counts the tokens of all choices."""
 
     request_id: RequestId
     finish_reason: Literal["stop", "length", "cancelled", "timeout"]
@@ -130,6 +148,7 @@ class Result(Struct, tag="result", kw_only=True, frozen=True, forbid_unknown_fie
     timings: Timings
     worker_id: str = ""
     num_resumes: int = 0
+    choices: list[Choice] | None = None
 
 
 class Failure(Struct, tag="failure", kw_only=True, frozen=True, forbid_unknown_fields=True):

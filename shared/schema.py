@@ -38,6 +38,11 @@ _PROMPT_FORMS = (("prompt", "string"), ("messages", "array"), ("prompt_token_ids
 _TOKEN_ID = {"type": "integer", "minimum": 0, "maximum": L.MAX_TOKEN_ID}
 _COUNT = {"type": "integer", "minimum": 0, "maximum": MAX_SAFE_INTEGER}
 
+_STOP_REASON = {
+    "anyOf": [{"type": "string"}, _TOKEN_ID, {"type": "null"}], "default": None,
+    "description": "The stop string matched, or the stop token id (EOS or one of "
+                   "`stop_token_ids`); null when the request did not stop on one."}
+
 # (definition, property) -> the schema workers' output is guaranteed to satisfy.
 _OUTBOUND: dict[tuple[str, str], dict[str, Any]] = {
     ("Token", "seq"): {"type": "integer", "minimum": 0, "maximum": L.MAX_TOKENS - 1,
@@ -48,12 +53,11 @@ _OUTBOUND: dict[tuple[str, str], dict[str, Any]] = {
                              "items": _TOKEN_ID},
     ("Result", "token_ids"): {"type": "array", "maxItems": L.MAX_TOKENS, "items": _TOKEN_ID},
     ("Result", "num_resumes"): {**_COUNT, "default": 0},
-    ("Result", "stop_reason"): {
-        "anyOf": [{"type": "string"}, _TOKEN_ID, {"type": "null"}], "default": None,
-        "description": "The stop string matched, or the stop token id (EOS or one of "
-                       "`stop_token_ids`); null when the request did not stop on one."},
+    ("Result", "stop_reason"): _STOP_REASON,
+    ("Choice", "stop_reason"): _STOP_REASON,
+    ("Choice", "token_ids"): {"type": "array", "maxItems": L.MAX_TOKENS, "items": _TOKEN_ID},
     ("Usage", "prompt_tokens"): _COUNT,
-    ("Usage", "completion_tokens"): {**_COUNT, "maximum": L.MAX_TOKENS},
+    ("Usage", "completion_tokens"): {**_COUNT, "maximum": L.MAX_TOKENS * L.MAX_N},
     ("Usage", "cached_tokens"): {**_COUNT, "default": 0},
     ("TokenLogprob", "token_id"): _TOKEN_ID,
     ("TokenLogprob", "top"): {"type": "array", "default": [], "maxItems": L.MAX_LOGPROBS,
