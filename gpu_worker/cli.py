@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import sys
+
+from shared import cliargs, logs
 
 # sub-command path -> (module, help)
 COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
@@ -28,7 +29,8 @@ ENGINE_COMMANDS = frozenset(path[0] for path in COMMANDS)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fleet")
+    parser = cliargs.Parser(prog="fleet")
+    cliargs.add_version(parser)
     top = parser.add_subparsers(dest="command", required=True)
     groups: dict[str, argparse._SubParsersAction] = {}
     for path, (module_name, help_text) in COMMANDS.items():
@@ -56,8 +58,8 @@ def _add_arguments_lazily(sub: argparse.ArgumentParser, module_name: str) -> Non
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
+    logs.configure_from(args)  # --log-format/--log-level where the command has them, else env
     module = importlib.import_module(args._module)
     return int(module.run(args) or 0)
 

@@ -7,6 +7,16 @@ import os
 from dataclasses import dataclass, field
 
 OPS_BACKENDS = ("auto", "cpu", "torch", "triton")   # EngineConfig.ops_backend (gpu_worker/model/ops)
+DTYPES = ("auto", "float32", "bfloat16", "float16")  # the worker's --dtype
+
+
+def resolve_dtype(dtype: str, device: str) -> str:
+    """``auto``: the fastest exact dtype the device has: bfloat16 on CUDA (tensor cores,
+    fp32's range), float32 on the CPU (the oneDNN and C kernel paths are fp32). Any other
+    value is returned as given."""
+    if dtype != "auto":
+        return dtype
+    return "bfloat16" if str(device).startswith("cuda") else "float32"
 
 def switched_on(name: str) -> bool:
     """An on/off environment switch that defaults to on: ``0``, ``false``, ``no`` or ``off``

@@ -4,7 +4,11 @@ Every metric lives in the worker's own :class:`CollectorRegistry` (never the glo
 labelled with ``model_name`` (the worker's ``--model-name``). The worker calls a small
 observer API from its event-loop thread: :meth:`WorkerMetrics.on_report` once per engine
 pass (steps, load, admissions, token deltas), :meth:`on_terminal` for requests ended before
-any engine work, :meth:`on_dead_letter` and :meth:`on_reclaim`. ``health`` (see
+any engine work, :meth:`on_dead_letter` and :meth:`on_reclaim`. A failure is either a
+client's *rejection* (a validation code: ``fleet:requests_rejected_total{code}``, never
+dead-lettered) or a *dead letter* (``fleet:requests_dead_lettered_total{reason}``: poison,
+malformed, internal; see :mod:`shared.failures`); each gets a rate-limited log line
+(:mod:`gpu_worker.worker_log`). ``health`` (see
 :mod:`gpu_worker.health`) answers the liveness and readiness probes.
 
 Times: "enqueue" is the Redis server time of the XADD, read from the stream entry id (the
@@ -20,7 +24,9 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
+from gpu_worker import worker_log
 from gpu_worker.health import Health
+from shared.failures import REASONS, dead_letter_reason, is_rejection
 
 RESULT_REASONS = ("stop", "length", "cancelled", "timeout")
 NOT_FINISHED_HERE = ("handoff", "fenced")  # the request goes on elsewhere
@@ -93,8 +99,13 @@ class WorkerMetrics:
                          ("code",))
         self.reclaimed = c("fleet:leases_reclaimed", "Entries of dead or draining workers "
                            "taken over (XAUTOCLAIM)")
+        self.rejected = c("fleet:requests_rejected", "Requests refused as sent (client "
+                          "validation failures, not dead-lettered), by code", ("code",))
         self.dead_lettered = c("fleet:requests_dead_lettered", "Entries moved to the dead-letter "
-                               "stream by this worker")
+                               "stream by this worker, by reason (poison, malformed, internal)",
+                               ("reason",))
+        for reason in REASONS:  # every series exists from the start: increase() sees the first
+            self.dead_lettered.labels(self.model_name, reason)
         self.cancelled = c("fleet:requests_cancelled", "Requests that ended cancelled")
         self.redis_errors = c("fleet:redis_errors", "Redis errors met, by class (transient, "
                               "missing, denied, oom, redirect, request)", ("kind",))
@@ -131,10 +142,17 @@ class WorkerMetrics:
             if inf is not None and not inf.prior_token_ids:
                 # admitted just before this pass's step ran
                 self.on_admit(enqueue_time(inf.entry.entry_id), now - report.step_time)
-        for key, code, _message in report.failures:
-            if key in inflight:  # stored as a failure and dead-lettered by the publisher
-                self.failure.labels(self.model_name, code).inc()
-                self.on_dead_letter()
+        for key, code, message in report.failures:
+            inf = inflight.get(key)
+            if inf is not None:  # stored as a failure (dead-lettered by the publisher unless
+                # a rejection)
+                tenant = getattr(inf, "tenant", None)
+                request_id = getattr(getattr(inf, "request", None), "request_id", key)
+                self._failed(code, message, request_id, tenant)
+                if not is_rejection(code):
+                    self.on_dead_letter(reason=dead_letter_reason(code))
+                    worker_log.dead_letter(code, message, request_id=request_id, tenant=tenant,
+                                           entry_id=inf.entry.entry_id)
         for delta in report.deltas:
             inf = inflight.get(delta.request_id)
             if inf is not None:  # otherwise fenced: another worker owns it now
@@ -217,14 +235,22 @@ class WorkerMetrics:
         else:
             self.failure.labels(self.model_name, delta.error_code or "internal").inc()
 
-    def on_terminal(self, event) -> None:
+    def on_terminal(self, event, tenant: str | None = None) -> None:
         """A request ended before any engine work (cancelled or expired in the queue, all
-        tokens already generated, poison, malformed): its stored terminal event."""
+        tokens already generated, poison, malformed): its stored terminal event. Its dead
+        letter, if any, is counted by :meth:`on_dead_letter_writes`."""
         reason = getattr(event, "finish_reason", None)
         if reason is not None:
             self._finished(reason)
         else:
-            self.failure.labels(self.model_name, event.code).inc()
+            self._failed(event.code, getattr(event, "message", ""),
+                         getattr(event, "request_id", None), tenant)
+
+    def _failed(self, code: str, message: str, request_id, tenant) -> None:
+        self.failure.labels(self.model_name, code).inc()
+        if is_rejection(code):
+            self.rejected.labels(self.model_name, code).inc()
+            worker_log.rejected(code, message, request_id=request_id, tenant=tenant)
 
     def _finished(self, reason: str) -> None:
         self.success.labels(self.model_name, reason).inc()
@@ -241,9 +267,15 @@ class WorkerMetrics:
     def redis_refusing(self, refusing: bool) -> None:
         self.refusing_writes.set(1 if refusing else 0)
 
-    def on_dead_letter(self, num_entries: int = 1) -> None:
+    def on_dead_letter(self, num_entries: int = 1, reason: str = "internal") -> None:
         if num_entries:
-            self.dead_lettered.inc(num_entries)
+            self.dead_lettered.labels(self.model_name, reason).inc(num_entries)
+
+    def on_dead_letter_writes(self, writes: list[tuple]) -> None:
+        """Count (and log) the dead letters among an entry's stored ending writes."""
+        for fields in filter(None, map(worker_log.xadd_fields, writes)):
+            self.on_dead_letter(reason=dead_letter_reason(fields.get("code")))
+            worker_log.dead_letter_fields(fields)
 
 
 DISABLED = WorkerMetrics("disabled")  # a sink for callers that do not serve metrics

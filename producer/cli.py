@@ -11,6 +11,7 @@ import sys
 
 from producer.client import AsyncFleetClient, default_redis_url
 from producer.errors import RequestFailed
+from shared import cliargs
 
 ENGINE_COMMANDS = frozenset({"worker", "quantize", "bench"})  # mirrors gpu_worker.cli.ENGINE_COMMANDS
 
@@ -33,19 +34,21 @@ def add_common(parser: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     from producer import batch, demo, exporter, gateway, status, tenants_cli
 
-    parser = argparse.ArgumentParser(prog="fleet", description="LLM inference fleet fed by Redis")
+    parser = cliargs.Parser(prog="fleet", description="LLM inference fleet fed by Redis")
+    cliargs.add_version(parser)  # the installed package's version
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("submit", help="submit one prompt and stream the answer")
     add_common(p)
     p.add_argument("prompt", help="the user message (or raw prompt with --raw)")
     p.add_argument("--raw", action="store_true", help="send as a raw prompt, not a chat")
     p.add_argument("--system", default=None, help="system message for the chat")
-    p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--lane", choices=("high", "default", "batch"), default="default")
-    p.add_argument("--request-id", default=None)
-    p.add_argument("--tenant", default="default")
+    p.add_argument("--max-tokens", type=int, default=128, help="the most tokens generated")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
+    p.add_argument("--seed", type=int, default=None, help="sampling seed (default: none)")
+    p.add_argument("--lane", choices=("high", "default", "batch"), default="default",
+                   help="priority lane")
+    p.add_argument("--request-id", default=None, help="idempotency key (default: a new id)")
+    p.add_argument("--tenant", default="default", help="the tenant's own stream")
     p.add_argument("--timeout", type=float, default=None, help="deadline, seconds from now")
     p.set_defaults(_run=run_submit)
     for module in (batch, status, demo, gateway, exporter, tenants_cli):

@@ -30,7 +30,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import GaugeMetricFamily
 
 from producer import status
-from shared import connect, keys
+from shared import connect, keys, logs
 from shared.tenants import TenantConfig
 
 logger = logging.getLogger(__name__)
@@ -170,6 +170,7 @@ def add_parser(sub, add_common) -> None:
                    help="do not create missing consumer groups (read-only ACL users)")
     p.add_argument("--max-tenants", type=int, default=100,
                    help="tenants labelled by name; the rest are summed as tenant=\"_other\"")
+    logs.add_arguments(p)
     p.set_defaults(_run=run)
 
 
@@ -181,7 +182,7 @@ def registry_for(redis_url: str, models: list[str], *, ensure: bool = True,
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.getLogger().setLevel(logging.INFO)
+    logs.configure_from(args)
     models = [m for m in (args.models or args.model_name).split(",") if m]
     registry = registry_for(args.redis_url, models, ensure=not args.no_ensure_groups,
                             max_tenants=args.max_tenants)

@@ -30,6 +30,7 @@ from gpu_worker.metrics import DISABLED, WorkerMetrics  # ops: metrics
 from gpu_worker.outputs import RequestDelta
 from shared import codec, errors, keys
 from shared.errors import ProtocolError
+from shared.failures import is_rejection  # ops: a rejection is not a dead letter
 from shared.protocol import Request
 from shared.scan import scan
 
@@ -112,8 +113,8 @@ async def accept(io: RedisIO, options: WorkerOptions, entries: list[Entry],
             endings.append((p.entry, ending))
     for p in plans:
         if p.request_id is None:
-            logger.warning("dead-lettering entry %s of %s: %s: %s", p.entry.entry_id,
-                           p.entry.stream, p.code, p.message)
+            logger.debug("dead-lettering entry %s of %s: %s: %s", p.entry.entry_id,
+                         p.entry.stream, p.code, p.message)
             endings.append((p.entry, [calls.dead_letter(options, p.entry, p.code, p.message)]))
     finished = await _store(io, endings, out, metrics)
     if finished:
@@ -124,7 +125,8 @@ async def accept(io: RedisIO, options: WorkerOptions, entries: list[Entry],
 def _settle(p: _Plan, reply, options: WorkerOptions, publish_command: str, now: float,
             out: Accepted, metrics: WorkerMetrics) -> list[tuple] | None:
     """Run the begun request (None), or the writes that end its entry now."""
-    dead = [] if p.code is None else [calls.dead_letter(options, p.entry, p.code, p.message)]
+    dead = ([] if p.code is None or is_rejection(p.code)
+            else [calls.dead_letter(options, p.entry, p.code, p.message)])
     try:
         if isinstance(reply, Exception):  # about this request's own keys (a client wrote them)
             raise reply
@@ -150,7 +152,7 @@ def _settle(p: _Plan, reply, options: WorkerOptions, publish_command: str, now: 
     if outcome is None:
         out.running.append(inf)
         return None
-    metrics.on_terminal(outcome)  # ops: metrics
+    metrics.on_terminal(outcome, p.tenant)  # ops: metrics
     return [calls.finish(options, publish_command, inf, outcome), *dead]
 
 
@@ -169,7 +171,7 @@ async def _store(io: RedisIO, endings: list[tuple[Entry, list[tuple]]], out: Acc
             continue
         for exc in errs:
             logger.error("entry %s: ending write failed: %s", entry.entry_id, exc)
-        metrics.on_dead_letter(sum(1 for w in writes if w[0] == "XADD"))  # ops: metrics
+        metrics.on_dead_letter_writes(writes)  # ops: metrics (and a rate-limited line)
         finished.append(entry)
     return finished
 
@@ -188,7 +190,7 @@ def _terminal_now(p: _Plan, inf: Inflight, cancelled: bool, now: float,
                   options: WorkerOptions):
     """The terminal event due before any engine work, or None to run the request."""
     if p.code is not None:
-        logger.warning("failing request %s (%s): %s", p.request_id, p.code, p.message)
+        logger.debug("failing request %s (%s): %s", p.request_id, p.code, p.message)
         return inf.failure(p.code, p.message)
     reason = None
     if cancelled:

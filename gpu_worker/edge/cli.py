@@ -6,8 +6,9 @@ import asyncio
 import logging
 import os
 
-from gpu_worker.config import OPS_BACKENDS
+from gpu_worker.config import DTYPES, OPS_BACKENDS, EngineConfig, resolve_dtype
 from gpu_worker.edge.options import WorkerOptions
+from shared import logs
 
 logger = logging.getLogger(__name__)
 
@@ -16,21 +17,28 @@ def default_redis_url() -> str:
     return os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
-def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+def add_engine_arguments(parser: argparse.ArgumentParser):
     g = parser.add_argument_group("engine")
     g.add_argument("--model", default=None,
                    help="HF model dir or .gguf (default: the embedded SmolLM2-135M-Instruct)")
     g.add_argument("--kv-cache-memory", default=None,
                    help="bytes for the KV cache, e.g. 512MiB (default: a share of free memory)")
-    g.add_argument("--max-num-seqs", type=int, default=64)
-    g.add_argument("--max-num-batched-tokens", type=int, default=512)
-    g.add_argument("--block-size", type=int, default=16)
+    e = EngineConfig()
+    g.add_argument("--max-num-seqs", type=int, default=e.max_num_seqs,
+                   help="the most requests running at once")
+    g.add_argument("--max-num-batched-tokens", type=int, default=e.max_num_batched_tokens,
+                   help="token budget of one engine step (prefill chunks + decodes + drafts)")
+    g.add_argument("--max-model-len", type=int, default=None,
+                   help="cap on prompt + output tokens; longer prompts fail with "
+                        "prompt_too_long (default: the model's max positions)")
+    g.add_argument("--block-size", type=int, default=e.block_size, help="tokens per KV block")
     g.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     g.add_argument("--device", default="cpu", help="cpu or cuda[:N] (cuda uses the Triton kernels)")
     g.add_argument("--no-prefix-caching", action="store_true", help="turn prefix caching off")
     g.add_argument("--speculative", choices=("ngram", "draft", "self"), default=None,
                    help="speculative decoding proposer (default: off)")
-    g.add_argument("--num-speculative-tokens", type=int, default=4)
+    g.add_argument("--num-speculative-tokens", type=int, default=e.num_speculative_tokens,
+                   help="the most drafted tokens per request per step")
     g.add_argument("--draft-model", default=None, help="draft model dir for --speculative draft")
     g.add_argument("--self-draft-layers", type=int, default=None,
                    help="early-exit layer for --speculative self (default: a quarter of the layers)")
@@ -38,14 +46,18 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                    help="--speculative self drafts with the target's own weights quantized (GPU)")
     g.add_argument("--quantization", choices=("int8", "int4", "int4-g64", "int4-g32"), default=None,
                    help="weight-only quantization at load (int4: group 128)")
-    g.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
-                   help="weights and KV cache dtype (bfloat16 on GPUs)")
+    g.add_argument("--dtype", choices=DTYPES, default="auto",
+                   help="weights and KV cache dtype; auto: the fastest exact one for the "
+                        "device: bfloat16 on CUDA, float32 on the CPU (default: auto)")
     g.add_argument("--ops-backend", choices=OPS_BACKENDS, default=None,
                    help="compute ops: cpu (C kernels), torch, triton (default: $FLEET_OPS, else auto)")
+    return g
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_engine_arguments(parser)
+    add_engine_arguments(parser).add_argument(
+        "--seed", dest="engine_seed", metavar="SEED", type=int, default=EngineConfig().seed,
+        help="the engine sampler's seed (requests without their own seed)")
     d = WorkerOptions(worker_id="x")
     g = parser.add_argument_group("redis")
     g.add_argument("--redis-url", default=default_redis_url(),
@@ -71,10 +83,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--metrics-port", type=int, default=0,
                    help="serve /metrics, /healthz, /readyz on this port (0: off)")
     g.add_argument("--metrics-host", default="0.0.0.0", help="address the metrics port binds")
+    g.add_argument("--log-stats-interval", type=float, default=10.0,
+                   help="seconds between 'engine stats' log lines (0: none)")
+    logs.add_arguments(g)
 
 
 def engine_config(args: argparse.Namespace):
-    from gpu_worker.config import EngineConfig, parse_bytes
+    from gpu_worker.config import parse_bytes
 
     kv = None if args.kv_cache_memory is None else parse_bytes(str(args.kv_cache_memory))
     ops = getattr(args, "ops_backend", None)
@@ -89,7 +104,10 @@ def engine_config(args: argparse.Namespace):
                         self_draft_layers=getattr(args, "self_draft_layers", None),
                         self_draft_quantization=getattr(args, "self_draft_quantization", None),
                         quantization=getattr(args, "quantization", None),
-                        dtype=getattr(args, "dtype", "float32"),
+                        dtype=resolve_dtype(getattr(args, "dtype", "auto"),
+                                            getattr(args, "device", "cpu")),
+                        max_model_len=getattr(args, "max_model_len", None),
+                        seed=getattr(args, "engine_seed", 0),
                         **({} if ops is None else {"ops_backend": ops}))   # unset: the config's default
 
 
@@ -111,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
     from gpu_worker.engine import EngineCore
     from gpu_worker.health import serve_http
     from gpu_worker.metrics import WorkerMetrics
+    from gpu_worker.worker_log import StatsLogger
 
     options = worker_options(args)
     metrics = WorkerMetrics(options.model_name, process=True)
@@ -119,6 +138,7 @@ def run(args: argparse.Namespace) -> int:
     engine = EngineCore(engine_config(args))
     metrics.on_step(0.0, engine.stats())  # the gauges start at the idle engine's values
     worker = Worker(engine, options, metrics)
+    StatsLogger(metrics.registry, args.log_stats_interval).start()
     try:
         import uvloop
     except ImportError:  # uvloop is optional on platforms without it

@@ -29,6 +29,7 @@ from gpu_worker.edge.scripts import Finished, Published
 from gpu_worker.edge.state import WorkerState
 from gpu_worker.outputs import RequestDelta
 from shared import errors
+from shared.failures import is_rejection  # ops: a rejection is not a dead letter
 
 logger = logging.getLogger(__name__)
 
@@ -104,8 +105,9 @@ class Publisher:
                     writes.extend(self._take_held(inf))
                     writes.append(_Write("finish", inf, calls.finish(
                         st.options, st.io.publish_command, inf, inf.failure(code, message))))
-                    writes.append(_Write("dead", inf, calls.dead_letter(
-                        st.options, inf.entry, code, message)))
+                    if not is_rejection(code):
+                        writes.append(_Write("dead", inf, calls.dead_letter(
+                            st.options, inf.entry, code, message)))
             for delta in report.deltas:
                 writes.extend(self._delta_writes(delta, handoffs))
             if report.admitted or report.released or report.failures:

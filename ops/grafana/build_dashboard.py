@@ -27,9 +27,13 @@ ROWS = [
         ("Consumers by lane", "short", [(f"fleet:stream_consumers{{{M}}}", "{{lane}}")]),
         ("Workers alive / draining", "short", [(f"fleet:workers_alive{{{M}}}", "alive"),
                                                (f"fleet:workers_draining{{{M}}}", "draining")]),
-        ("Dead letters", "short", [(f"fleet:dead_letters{{{M}}}", "in stream"),
-                                   (f"sum(increase(fleet:requests_dead_lettered_total{{{M}}}[$__rate_interval]))",
-                                    "new (workers)")]),
+        ("Dead letters (page: FleetDeadLetters)", "short", [
+            (f"fleet:dead_letters{{{M}}}", "in stream"),
+            (f"sum by (reason) (increase(fleet:requests_dead_lettered_total{{{M}}}[$__rate_interval]))",
+             "new: {{reason}}")]),
+        ("Rejected / s by code (client errors, never page)", "reqps", [
+            (f"sum by (code) (rate(fleet:requests_rejected_total{{{M}}}[$__rate_interval]))",
+             "{{code}}")]),
         ("Exporter", "short", [("fleet:queue_up", "Redis up"),
                                ("fleet:exporter_scrape_seconds", "scrape seconds")]),
     ]),
@@ -69,6 +73,16 @@ ROWS = [
             (f"sum by (proposer) (rate(fleet:spec_decode_num_accepted_tokens_total{{{M}}}[$__rate_interval])) / "
              f"sum by (proposer) (rate(fleet:spec_decode_num_draft_tokens_total{{{M}}}[$__rate_interval]))",
              "{{proposer}}")]),
+    ]),
+    ("Gateway", [
+        ("Gateway requests / s by route and status", "reqps", [
+            ("sum by (route, status) (rate(fleet:gateway_requests_total[$__rate_interval]))",
+             "{{route}} {{status}}")]),
+        ("Gateway latency p99 by route", "s", [
+            ("histogram_quantile(0.99, sum by (route, le) "
+             "(rate(fleet:gateway_request_duration_seconds_bucket[$__rate_interval])))", "{{route}}")]),
+        ("Gateway requests in flight", "short", [
+            ("sum by (route) (fleet:gateway_requests_in_flight)", "{{route}}")]),
     ]),
     ("Latency", [
         ("Time to first token", "s", _quantiles("fleet:time_to_first_token_seconds")),

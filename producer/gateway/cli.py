@@ -5,14 +5,16 @@ import argparse
 import logging
 import os
 
+from shared import logs
+
 logger = logging.getLogger(__name__)
 
 
 def add_parser(sub, add_common) -> None:
     p = sub.add_parser("gateway", help="serve the OpenAI API (completions, chat) over the fleet")
     add_common(p)
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind")
+    p.add_argument("--port", type=int, default=8000, help="HTTP port (also serves /metrics)")
     p.add_argument("--served-model", action="append", default=[], metavar="NAME[=NAMESPACE]",
                    help="a model name clients may ask for, and the fleet namespace (a worker's "
                         "--model-name) it goes to; repeatable (default: --model-name itself)")
@@ -35,11 +37,12 @@ def add_parser(sub, add_common) -> None:
                    help="seconds until a request's fleet deadline")
     p.add_argument("--redis-timeout", type=float, default=5.0,
                    help="seconds one Redis step of a call may take before it answers 503")
-    p.add_argument("--lane", choices=("high", "default", "batch"), default="default")
+    p.add_argument("--lane", choices=("high", "default", "batch"), default="default",
+                   help="the lane requests are enqueued into")
     p.add_argument("--tokenizer", default=None, metavar="DIR",
                    help="directory with tokenizer.json, to name logprob tokens (default: "
                         "'token_id:N' names)")
-    p.add_argument("--log-level", default="info")
+    logs.add_arguments(p)
     p.set_defaults(_run=run)
 
 
@@ -51,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     from producer.gateway.redact import install_log_redaction
 
     install_log_redaction()  # before uvicorn or redis-py log anything: URLs hold passwords
-    logging.getLogger().setLevel(args.log_level.upper())
+    logs.configure_from(args)  # uvicorn's loggers propagate here (log_config=None below)
     app = create_app(options_from_args(args))
     try:
         import uvloop  # noqa: F401
@@ -59,5 +62,5 @@ def run(args: argparse.Namespace) -> int:
     except ImportError:  # uvloop is optional on platforms without it
         loop = "asyncio"
     uvicorn.run(app, host=args.host, port=args.port, loop=loop, log_level=args.log_level,
-                timeout_graceful_shutdown=30)
+                log_config=None, timeout_graceful_shutdown=30)
     return 0

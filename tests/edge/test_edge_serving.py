@@ -9,6 +9,8 @@ from redis_server import wait_until
 from producer import FleetClient, RequestFailed
 from shared import keys
 
+STREAM_OF_DEFAULT = keys.stream_key("default", "default", "default")
+
 PROMPT = [1, 504, 3058, 314, 4649, 30, 9876, 42]
 
 
@@ -112,4 +114,5 @@ def test_invalid_request_gets_a_typed_failure(workers, redis_server, r):
         with pytest.raises(RequestFailed) as err:
             fleet.generate(prompt_token_ids=[10**6], max_tokens=4, timeout=30)
     assert err.value.code == "invalid_token_id"
-    wait_until(lambda: r.xlen(keys.dead_letter_key("default")) == 1, what="dead letter")
+    wait_until(lambda: r.xlen(STREAM_OF_DEFAULT) == 0, what="the entry acknowledged")
+    assert r.xlen(keys.dead_letter_key("default")) == 0  # a rejection is not a dead letter

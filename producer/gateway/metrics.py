@@ -1,0 +1,87 @@
+"""The gateway's own Prometheus metrics, served on its port at ``/metrics``.
+
+``fleet:gateway_requests_total{route,method,status}`` counts every HTTP answer (errors the
+gateway shapes included); ``fleet:gateway_request_duration_seconds{route,method}`` is the
+time from the request's arrival to the end of its answer (for a stream: its last event);
+``fleet:gateway_requests_in_flight{route}`` is what is being answered now. ``route`` is the
+matched route's path template (``/v1/chat/completions``), or ``other`` for a path that
+matches none, so label values stay bounded whatever clients send. Each app has its own
+registry (never the process-global one). The text format is always the classic one, so
+the ``fleet:`` names keep their colons (as the exporter's do).
+"""
+from __future__ import annotations
+
+import time
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import generate_latest
+from starlette.requests import Request as HttpRequest
+from starlette.responses import Response
+from starlette.routing import Match
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+           300.0, 600.0)
+OTHER = "other"
+
+
+class GatewayMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.requests = Counter("fleet:gateway_requests", "HTTP answers of the gateway, by "
+                                "route, method and status", ["route", "method", "status"],
+                                registry=self.registry)
+        self.duration = Histogram("fleet:gateway_request_duration_seconds", "Arrival to the "
+                                  "end of the answer (streams: their last event)",
+                                  ["route", "method"], buckets=BUCKETS, registry=self.registry)
+        self.in_flight = Gauge("fleet:gateway_requests_in_flight", "Requests being answered",
+                               ["route"], registry=self.registry)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def route_of(scope: Scope) -> str:
+    """The path template of the route ``scope`` matches (``other`` if none)."""
+    app = scope.get("app")
+    for route in getattr(getattr(app, "router", None), "routes", ()):
+        match, _ = route.matches(scope)
+        if match is not Match.NONE:
+            return getattr(route, "path", OTHER)
+    return OTHER
+
+
+class MetricsMiddleware:
+    """Counts and times every HTTP request of the app it wraps (outermost middleware)."""
+
+    def __init__(self, app: ASGIApp, metrics: GatewayMetrics) -> None:
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        route, method = route_of(scope), scope.get("method", "GET")
+        status = 500  # unless the app answers
+        started = time.perf_counter()
+
+        async def counting_send(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        gauge = self.metrics.in_flight.labels(route)
+        gauge.inc()
+        try:
+            await self.app(scope, receive, counting_send)
+        finally:
+            gauge.dec()
+            self.metrics.requests.labels(route, method, str(status)).inc()
+            self.metrics.duration.labels(route, method).observe(time.perf_counter() - started)
+
+
+async def metrics_endpoint(request: HttpRequest) -> Response:
+    """``GET /metrics``: no API key needed (scrapers carry none); keep it off the public
+    ingress if the route and status counts are not for everyone."""
+    return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
