@@ -151,6 +151,8 @@ class ParallelSampling:
     def can_admit(self, num_prompt_tokens: int, max_tokens: int, n: int = 1) -> bool:
         """Whether ``n`` samples fit beside what is held: the prompt's full blocks once, its
         partial block and the outputs per sample; the samples still to fork count too."""
+        if n == 1 and not self._groups:
+            return self.engine.can_admit(num_prompt_tokens, max_tokens)
         bs = self.engine.kv.block_size
         per_sample = num_prompt_tokens % bs + min(max_tokens, max(self.engine.max_model_len - num_prompt_tokens, 0))
         total = num_prompt_tokens + (n - 1) * (per_sample + bs) + per_sample

@@ -21,6 +21,7 @@ from producer.errors import PayloadTooLarge
 from producer.stream import RequestStream
 from producer.subscriptions import Subscriptions
 from shared import codec, connect, keys, limits
+from shared.digest import request_digest
 from shared.protocol import Cancel, Failure, Request, Result, Token
 
 logger = logging.getLogger(__name__)
@@ -103,32 +104,41 @@ class AsyncFleetClient:
         """Subscribe to the request's channel, then enqueue it; return its stream.
 
         Idempotent by ``request_id``: a request already done is not enqueued again (its
-        stored result is returned), and a duplicate entry is never generated twice.
+        stored result is returned), and a duplicate entry is never generated twice. The
+        same id with a different request ends with :class:`IdConflict` (``id_conflict``),
+        never with the other request's answer. ``n=3``: three choices (``Token.index``,
+        ``Result.choices``).
         """
         request = self.make_request(request, **fields)
         if request.tenant is None:
             request = msgspec.structs.replace(request, tenant=self.tenant)
         payload = encode_request(request)
-        stream = await self.watch(request.request_id, request.tenant)
-        if stream.done:
+        stream = await self.watch(request.request_id, request.tenant,
+                                  digest=request_digest(request))
+        if stream.done:  # its stored result, or id_conflict: the id holds another request
             return stream
+        stream_key = keys.stream_key(self.model, request.tenant, request.priority)
         try:
-            await self.redis.xadd(keys.stream_key(self.model, request.tenant, request.priority),
-                                  {keys.STREAM_FIELD: payload})
+            entry_id = await self.redis.xadd(stream_key, {keys.STREAM_FIELD: payload})
         except BaseException:  # not enqueued (OOM, NOPERM, lost): no subscription left behind
             await stream.close()
             raise
+        stream.entry_ref = f"{stream_key}|{entry_id.decode() if isinstance(entry_id, bytes) else entry_id}"
         return stream
 
-    async def watch(self, request_id: str, tenant: str | None = None) -> RequestStream:
+    async def watch(self, request_id: str, tenant: str | None = None, *,
+                    digest: str | None = None) -> RequestStream:
         """A stream for a request submitted elsewhere (or before a reconnect): subscribes,
-        then replays what is stored, so nothing published before or after is missed."""
+        then replays what is stored, so nothing published before or after is missed.
+        ``digest`` (:func:`shared.digest.request_digest`): the stream ends with
+        ``id_conflict`` rather than deliver the events of a different request."""
         tenant = tenant or self.tenant
         subs = await self._subscriptions()
         channel = keys.channel(tenant, request_id)
         queue = await subs.subscribe(channel)
         stream = RequestStream(self.redis, queue, tenant=tenant, request_id=request_id,
-                               poll_s=self.poll_s, on_close=lambda s: subs.unsubscribe(channel))
+                               poll_s=self.poll_s, on_close=lambda s: subs.unsubscribe(channel),
+                               digest=digest)
         await stream.recover()
         return stream
 
@@ -159,13 +169,13 @@ class AsyncFleetClient:
         return None if raw is None else codec.decode_terminal(raw)
 
     async def get_progress(self, request_id: str, tenant: str | None = None) -> list[Token]:
-        """The stored token events, deduplicated, in order."""
+        """The stored token events, deduplicated (per choice), in order."""
         await self.connect()
         raw = await self.redis.lrange(keys.progress_key(tenant or self.tenant, request_id), 0, -1)
-        events, seen = [], 0
+        events, seen = [], {}
         for item in raw:
             event = codec.decode_token(item)
-            if event.seq == seen:
+            if event.seq == seen.get(event.index, 0):
                 events.append(event)
-                seen += len(event.token_ids)
+                seen[event.index] = event.seq + len(event.token_ids)
         return events

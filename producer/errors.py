@@ -26,3 +26,13 @@ class PayloadTooLarge(FleetError, ValueError):
         super().__init__(f"the request is {num_bytes} bytes as a fleet request; the fleet "
                          f"accepts at most {limits.MAX_PAYLOAD_BYTES}")
         self.num_bytes = num_bytes
+
+
+class IdConflict(RequestFailed):
+    """The request id is taken by a different request (code ``id_conflict``): nothing of
+    the other request's answer was delivered. Use a fresh id for a different request."""
+
+
+def failure_error(failure: Failure) -> RequestFailed:
+    """The typed error for a failure: :class:`IdConflict` for ``id_conflict``."""
+    return IdConflict(failure) if failure.code == "id_conflict" else RequestFailed(failure)

@@ -9,10 +9,10 @@ import msgspec
 from redis.exceptions import RedisError
 import redis.asyncio as aioredis
 
-from producer.errors import RequestFailed
+from producer.errors import failure_error
 from producer.subscriptions import RECONNECTED
-from shared import codec, keys
-from shared.protocol import Failure, Result, Token
+from shared import codec, errors, keys
+from shared.protocol import Choice, Failure, Result, Token
 
 logger = logging.getLogger(__name__)
 
@@ -27,11 +27,14 @@ class RequestStream:
     """
 
     def __init__(self, client: aioredis.Redis, queue: asyncio.Queue, *, tenant: str,
-                 request_id: str, poll_s: float, on_close) -> None:
+                 request_id: str, poll_s: float, on_close, digest: str | None = None) -> None:
         self.tenant = tenant
         self.request_id = request_id
-        self.token_ids: list[int] = []
-        self.text = ""
+        self.choice_token_ids: dict[int, list[int]] = {0: []}  # per choice (``Token.index``)
+        self.choice_text: dict[int, str] = {0: ""}
+        self.entry_ref: str | None = None  # ``<stream>|<entry id>`` once enqueued by this client
+        self._digest = digest  # this client's request (None: a watcher, nothing to compare)
+        self._verified = digest is None
         self._client = client
         self._queue = queue
         self._poll_s = poll_s
@@ -61,7 +64,7 @@ class RequestStream:
                 pass
         await asyncio.wait_for(drain(), timeout)
         if isinstance(self._terminal, Failure):
-            raise RequestFailed(self._terminal)
+            raise failure_error(self._terminal)
         assert isinstance(self._terminal, Result)
         return self._terminal
 
@@ -75,8 +78,20 @@ class RequestStream:
         return self._terminal is not None
 
     @property
+    def token_ids(self) -> list[int]:
+        """Choice 0's tokens so far (the only choice unless the request has ``n > 1``)."""
+        return self.choice_token_ids[0]
+
+    @property
+    def text(self) -> str:
+        return self.choice_text[0]
+
+    @property
     def next_seq(self) -> int:
         return len(self.token_ids)
+
+    def _next(self, index: int) -> int:
+        return len(self.choice_token_ids.get(index, ()))
 
     async def _next_event(self) -> None:
         try:
@@ -91,22 +106,32 @@ class RequestStream:
         except (msgspec.DecodeError, msgspec.ValidationError):
             logger.warning("dropping an undecodable event on %s", self.request_id)
             return
+        if not self._verified:  # the id's stored digest says whether these events are ours
+            await self._try_recover()
+            if not self._verified:
+                return  # unreadable now, or another request's: the next poll decides
         if isinstance(event, Token):
-            if event.seq > self.next_seq:  # a gap: the stored progress has what we missed
+            if event.seq > self._next(event.index):  # a gap: the stored progress has it
                 await self._try_recover()
             self._take(event)
-        else:
-            if len(event.token_ids if isinstance(event, Result) else []) > self.next_seq:
+        elif self._terminal is None:
+            if self._missing(event):
                 await self._try_recover()
-                if len(event.token_ids) > self.next_seq and self._terminal is None:
+                if self._missing(event) and self._terminal is None:
                     return  # tokens still missing: the next poll reads them and the result
             self._end(event)
 
+    def _missing(self, event: Result | Failure) -> bool:
+        """Whether the result holds tokens of some choice that no event brought yet."""
+        if not isinstance(event, Result):
+            return False
+        return any(len(c.token_ids) > self._next(c.index) for c in _choices(event))
+
     def _take(self, event: Token) -> None:
-        if event.seq != self.next_seq:
+        if event.seq != self._next(event.index):
             return  # already seen (or, after a failed recovery, still missing)
-        self.token_ids.extend(event.token_ids)
-        self.text += event.text
+        self.choice_token_ids.setdefault(event.index, []).extend(event.token_ids)
+        self.choice_text[event.index] = self.choice_text.get(event.index, "") + event.text
         self._ready.append(event)
 
     async def _try_recover(self) -> None:
@@ -122,20 +147,40 @@ class RequestStream:
         """Fill from the durable progress and result (what pub/sub may have dropped)."""
         # Two plain commands (each retried through a cluster failover by the client), not
         # a pipeline: redis-py's cluster pipeline does not survive a node going away.
-        progress, stored = await asyncio.gather(
+        state = keys.state_key(self.tenant, self.request_id)
+        progress, (stored, digest, conflict) = await asyncio.gather(
             self._client.lrange(keys.progress_key(self.tenant, self.request_id), 0, -1),
-            self._client.hget(keys.state_key(self.tenant, self.request_id), "result"))
+            self._client.hmget(state, "result", "digest", f"conflict:{self.entry_ref or ''}"))
+        if self._terminal is not None:
+            return
+        if self._digest is not None and (conflict is not None or (
+                digest is not None and digest.decode() != self._digest)):
+            self._terminal = codec.decode_terminal(conflict) if conflict is not None else Failure(
+                request_id=self.request_id, code=errors.ID_CONFLICT,
+                message="this request id holds a different request; use a fresh id")
+            return
+        if digest is not None or progress or stored is not None:
+            self._verified = True  # a worker began it (an older worker stores no digest)
         for raw in progress:
             self._take(codec.decode_token(raw))
-        if stored is not None and self._terminal is None:
+        if stored is not None:
             self._end(codec.decode_terminal(stored))
 
     def _end(self, event: Result | Failure) -> None:
         """The terminal event. The result is authoritative: tokens it holds that no event
         brought (stored events lost with a Redis failover, say) are delivered from it."""
-        if isinstance(event, Result) and len(event.token_ids) > self.next_seq \
-                and event.token_ids[:self.next_seq] == self.token_ids:
-            tail_text = event.text[len(self.text):] if event.text.startswith(self.text) else ""
-            self._take(Token(request_id=self.request_id, seq=self.next_seq,
-                             token_ids=event.token_ids[self.next_seq:], text=tail_text))
+        for c in _choices(event) if isinstance(event, Result) else ():
+            have, text = self.choice_token_ids.get(c.index, []), self.choice_text.get(c.index, "")
+            if len(c.token_ids) > len(have) and c.token_ids[:len(have)] == have:
+                tail_text = c.text[len(text):] if c.text.startswith(text) else ""
+                self._take(Token(request_id=self.request_id, seq=len(have), index=c.index,
+                                 token_ids=c.token_ids[len(have):], text=tail_text))
         self._terminal = event
+
+
+def _choices(result: Result) -> list[Choice]:
+    """Every choice of a result (choice 0 alone when the request had ``n == 1``)."""
+    if result.choices:
+        return result.choices
+    return [Choice(index=0, finish_reason=result.finish_reason, text=result.text,
+                   token_ids=result.token_ids)]

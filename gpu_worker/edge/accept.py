@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 import msgspec
 
 from gpu_worker.edge import calls
-from gpu_worker.edge.inflight import Entry, Inflight, resume_state
+from gpu_worker.edge.choices import decode_choice, resume_choices
+from gpu_worker.edge.inflight import Entry, Inflight
 from gpu_worker.edge.options import WorkerOptions
 from gpu_worker.edge.redis_errors import Kind, classify
 from gpu_worker.edge.redis_io import RedisIO
@@ -31,7 +32,7 @@ from gpu_worker.outputs import RequestDelta
 from shared import codec, errors, keys
 from shared.errors import ProtocolError
 from shared.failures import is_rejection  # ops: a rejection is not a dead letter
-from shared.protocol import Request
+from shared.protocol import Choice, Request
 from shared.scan import scan
 
 logger = logging.getLogger(__name__)
@@ -99,7 +100,7 @@ async def accept(io: RedisIO, options: WorkerOptions, entries: list[Entry],
     plans = [plan(e, options) for e in entries]
     addressed = [p for p in plans if p.request_id is not None]
     now = time.time()
-    replies = await io.run([calls.begin(options, p.tenant, p.request_id, p.entry, now)
+    replies = await io.run([calls.begin(options, p.tenant, p.request_id, p.entry, now, p.request)
                             for p in addressed]) if addressed else []
     out = Accepted()
     endings: list[tuple[Entry, list[tuple]]] = []  # an entry, and the writes that end it
@@ -177,12 +178,18 @@ async def _store(io: RedisIO, endings: list[tuple[Entry, list[tuple]]], out: Acc
 
 
 def _inflight(p: _Plan, begun: Begun, *, progress: bool = True) -> Inflight:
-    token_ids, text = resume_state(list(begun.progress)) if progress else ([], "")
     request = p.request
     if request is None:  # malformed but addressable: a stand-in, only to store the failure
         request = Request(request_id=p.request_id, tenant=p.tenant, prompt="")
+    priors = resume_choices(list(begun.progress), request.n) if progress else [([], "")]
+    ended = {c.index: c for c in map(decode_choice, begun.ended_choices)
+             if c.index < request.n} if progress else {}
+    for i, (ids, text) in enumerate(priors):  # generated everything, died before ending it
+        if i not in ended and len(ids) >= request.max_tokens:
+            ended[i] = Choice(index=i, finish_reason="length", text=text, token_ids=ids)
+    (token_ids, text), *others = priors
     return Inflight(request=request, entry=p.entry, owner=begun.owner,
-                    prior_token_ids=token_ids, prior_text=text,
+                    prior_token_ids=token_ids, prior_text=text, prior_choices=others, ended=ended,
                     first_start=begun.first_start, first_token_at=begun.first_token_at)
 
 
@@ -197,7 +204,7 @@ def _terminal_now(p: _Plan, inf: Inflight, cancelled: bool, now: float,
         reason = "cancelled"
     elif p.request.deadline is not None and p.request.deadline <= now:
         reason = "timeout"
-    elif len(inf.prior_token_ids) >= p.request.max_tokens:
+    elif inf.all_ended:
         reason = "length"  # a previous worker generated everything but died before finishing
     if reason is None:
         return None

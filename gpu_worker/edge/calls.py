@@ -6,31 +6,52 @@ from collections import defaultdict
 from gpu_worker.edge.inflight import Entry, Inflight
 from gpu_worker.edge.options import WorkerOptions
 from gpu_worker.edge.scripts import RequestKeys
-from shared import codec, keys
-from shared.protocol import Failure, Result, Token
+from shared import codec, errors, keys
+from shared.digest import request_digest
+from shared.protocol import Choice, Failure, Request, Result, Token
 
 _DEAD_PAYLOAD_BYTES = 4096  # a dead letter keeps the head of the payload, for forensics
 
 
-def begin(options: WorkerOptions, tenant: str, request_id: str, entry: Entry, now: float) -> tuple:
+def begin(options: WorkerOptions, tenant: str, request_id: str, entry: Entry, now: float,
+          request: Request | None = None) -> tuple:
+    """BEGIN; ``request`` (None: malformed) gives the digest checked against the id's."""
     entry_ref = f"{entry.stream}|{entry.entry_id}"
+    digest = conflict = ""
+    if request is not None:
+        digest = request_digest(request)
+        conflict = codec.encode(Failure(
+            request_id=request_id, code=errors.ID_CONFLICT,
+            message="this request id is taken by a different request (another prompt or "
+                    "sampling parameters); use a fresh id for a different request"))
     return ("script", "begin", list(RequestKeys.of(tenant, request_id)),
-            [options.worker_id, entry_ref, options.result_ttl_ms, repr(now)])
+            [options.worker_id, entry_ref, options.result_ttl_ms, repr(now), digest, conflict,
+             request.n if request is not None else 1])
 
 
 def publish(options: WorkerOptions, publish_command: str, inf: Inflight, event: Token,
             first_token_at: float | None) -> tuple:
     stamp = "" if first_token_at is None else repr(first_token_at)
+    counter = [f"published:{event.index}"] if event.index else []
     return ("script", "publish", list(inf.redis_keys),
             [inf.owner, options.result_ttl_ms, publish_command, codec.encode(event), stamp,
-             event.seq, event.seq + len(event.token_ids)])
+             event.seq, event.seq + len(event.token_ids), *counter])
+
+
+def end_choice(inf: Inflight, choice: Choice) -> tuple:
+    """Store how one choice of several ended (owner-checked, after its tokens)."""
+    return ("script", "end_choice", list(inf.redis_keys),
+            [inf.owner, choice.index, codec.encode(choice), len(choice.token_ids)])
 
 
 def finish(options: WorkerOptions, publish_command: str, inf: Inflight,
            event: Result | Failure) -> tuple:
     num_tokens = len(event.token_ids) if isinstance(event, Result) else ""
+    per_choice = [len(c.token_ids) for c in event.choices[1:]] \
+        if isinstance(event, Result) and event.choices else []
     return ("script", "finish", list(inf.redis_keys),
-            [inf.owner, options.result_ttl_ms, publish_command, codec.encode(event), num_tokens])
+            [inf.owner, options.result_ttl_ms, publish_command, codec.encode(event), num_tokens,
+             *per_choice])
 
 
 def _by_stream(entries: list[Entry]) -> dict[str, list[str]]:

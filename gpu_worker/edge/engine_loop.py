@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gpu_worker.errors import INTERNAL, InvalidRequestError
+from gpu_worker.fork import ParallelSampling
 from gpu_worker.outputs import RequestDelta
 from gpu_worker.sampling_params import SamplingParams
 
@@ -30,7 +31,9 @@ _IDLE_WAIT_S = 0.05
 
 @dataclass(frozen=True, kw_only=True)
 class Job:
-    """One request for the engine. ``key`` is the engine's request id (tenant/request id)."""
+    """One request for the engine. ``key`` is the engine's request id (tenant/request id).
+    ``n > 1``: ``resume_choices[i]`` are choice i's tokens already delivered (choice 0's are
+    ``resume_token_ids``), choices in ``skip`` ended already."""
 
     key: str
     prompt: str | None
@@ -40,6 +43,9 @@ class Job:
     priority: int
     resume_token_ids: list[int]
     deadline: float | None
+    n: int = 1
+    resume_choices: list[list[int]] = field(default_factory=list)
+    skip: list[int] = field(default_factory=list)
 
 
 @dataclass(kw_only=True)
@@ -72,6 +78,7 @@ class EngineThread:
 
     def __init__(self, engine, *, on_output: Callable[[StepReport], None]) -> None:
         self.engine = engine
+        self.sampling = ParallelSampling(engine)  # n > 1; requests with n == 1 pass through
         self._on_output = on_output
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._queued: list[_Queued] = []  # ordered by (priority, arrival)
@@ -116,17 +123,18 @@ class EngineThread:
             self._on_output(report)
 
     def _one_pass(self, report: StepReport) -> None:
-        busy = self.engine.has_unfinished_requests() or bool(self._queued)
+        busy = self.sampling.has_unfinished_requests() or bool(self._queued)
         self._drain_inbox(report, block=not busy)
         self._admit(report)
-        if self.engine.has_unfinished_requests():
+        if self.sampling.has_unfinished_requests():
             t0 = time.perf_counter()
-            deltas = self.engine.step()
+            deltas = self.sampling.step()
             report.step_time = time.perf_counter() - t0
             for d in deltas:
                 if d.finish_reason == "error":
                     report.failures.append((d.request_id, d.error_code or INTERNAL,
                                             d.error_message or "the engine failed on this request"))
+                    self.sampling.abort_request(d.request_id, "failed")  # its other choices
                 else:
                     report.deltas.append(d)
         report.stats = self.engine.stats()
@@ -145,7 +153,7 @@ class EngineThread:
                 break
             if kind == "add":
                 held.append(payload.key)
-        return held + self.engine.unfinished_request_ids()
+        return held + self.sampling.unfinished_request_ids()
 
     def _drain_inbox(self, report: StepReport, *, block: bool) -> None:
         try:
@@ -191,31 +199,39 @@ class EngineThread:
         for i, q in enumerate(self._queued):
             if q.job.key == key:
                 del self._queued[i]
-                report.deltas.append(RequestDelta(request_id=key, new_token_ids=[], new_text="",
-                                                  finished=True, finish_reason=reason,
-                                                  num_output_tokens=len(q.job.resume_token_ids)))
+                report.deltas.extend(RequestDelta(
+                    request_id=key, new_token_ids=[], new_text="", finished=True, finish_reason=reason,
+                    num_output_tokens=len(_resumed(q.job, c)), index=c)
+                    for c in range(q.job.n) if c not in q.job.skip)
                 return
-        self.engine.abort_request(key, reason)
+        self.sampling.abort_request(key, reason)
 
     def _admit(self, report: StepReport) -> None:
         """Admit queued requests, highest lane first, while free KV blocks allow."""
         while self._queued:
             q = self._queued[0]
-            num_resumed = len(q.job.resume_token_ids)
-            fits = self.engine.can_admit(len(q.prompt_ids) + num_resumed,
-                                         q.job.params.max_tokens - num_resumed)
-            if not fits and self.engine.has_unfinished_requests():
+            num_resumed = max(len(_resumed(q.job, c)) for c in range(q.job.n))
+            fits = self.sampling.can_admit(len(q.prompt_ids) + num_resumed,
+                                           q.job.params.max_tokens - num_resumed, q.job.n)
+            if not fits and self.sampling.has_unfinished_requests():
                 return  # the head waits for blocks; nothing behind it jumps the lane order
             self._queued.pop(0)
             try:
-                self.engine.add_request(q.job.key, q.prompt_ids, q.job.params,
-                                        priority=q.job.priority,
-                                        resume_token_ids=q.job.resume_token_ids,
-                                        deadline=q.job.deadline)
+                self.sampling.add_request(
+                    q.job.key, q.prompt_ids, q.job.params, n=q.job.n, priority=q.job.priority,
+                    resume=[_resumed(q.job, c) for c in range(q.job.n)], skip=q.job.skip,
+                    deadline=q.job.deadline)
             except Exception as exc:  # nothing was queued in the engine: fail this one alone
                 report.failures.append((q.job.key, *_failure(q.job.key, exc)))
                 continue
             report.admitted.append(q.job.key)
+
+
+def _resumed(job: Job, index: int) -> list[int]:
+    """Choice ``index``'s tokens already delivered."""
+    if index == 0 or index >= len(job.resume_choices):
+        return job.resume_token_ids if index == 0 else []
+    return job.resume_choices[index]
 
 
 def _failure(key: str, exc: Exception) -> tuple[str, str]:

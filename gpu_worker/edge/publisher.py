@@ -36,7 +36,8 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class _Write:
-    """One call of a batch, and what its answer means: ``kind`` is publish, finish or dead."""
+    """One call of a batch, and what its answer means: ``kind`` is publish, choice (one
+    choice of several ended), finish or dead."""
 
     kind: str
     inf: Inflight
@@ -131,15 +132,19 @@ class Publisher:
         inf = st.inflight.get(delta.request_id)
         if inf is None:
             return []  # fenced or already finished here
-        inf.record(delta)
+        ended = inf.record(delta)
         out: list[_Write] = []
         if self.interval_s == 0:
             out = self._take_held(inf)  # one event per engine step
-        elif inf.held_ids:
+        elif inf.holds_tokens:
             self._held[inf.key] = inf
         if not delta.finished:
             return out
         out += self._take_held(inf)
+        if ended is not None and not inf.all_ended:  # one choice of several: stored, not final
+            if not inf.handoff:
+                out.append(_Write("choice", inf, calls.end_choice(inf, ended)))
+            return out
         if inf.handoff:
             st.forget(inf.key)
             handoffs.append(inf.entry)
@@ -162,16 +167,16 @@ class Publisher:
     def _take_held(self, inf: Inflight) -> list[_Write]:
         """The write of one event carrying every token ``inf`` holds (none if it holds none)."""
         self._held.pop(inf.key, None)
-        event = inf.take_event()
-        if event is None:
-            return []
-        first = None
-        if event.seq == 0:
-            first = inf.first_token_at = time.time()
-        inf.last_published = time.monotonic()
         st = self.state
-        return [_Write("publish", inf, calls.publish(
-            st.options, st.io.publish_command, inf, event, first))]
+        out = []
+        for event in inf.take_events():
+            first = None
+            if event.seq == 0 and (event.index == 0 or inf.first_token_at is None):
+                first = inf.first_token_at = time.time()
+            inf.last_published = time.monotonic()
+            out.append(_Write("publish", inf, calls.publish(
+                st.options, st.io.publish_command, inf, event, first)))
+        return out
 
     def _apply(self, writes: list[_Write], answers: list,
                handoffs: list[Entry]) -> tuple[list[Entry], list[tuple]]:
@@ -195,7 +200,10 @@ class Publisher:
                 acks.append(w.inf.entry)
             elif w.kind == "publish" and answer == Published.CANCEL_ASKED:
                 st.cancel(w.inf.key)
-            elif (w.kind, answer) in (("publish", Published.FENCED), ("finish", Finished.FENCED)):
+            elif w.kind == "choice" and answer != Finished.FENCED:
+                continue  # stored (or a gap: then the request's FINISH is refused just the same)
+            elif (w.kind, answer) in (("publish", Published.FENCED), ("finish", Finished.FENCED),
+                                      ("choice", Finished.FENCED)):
                 st.lose(w.inf.key, f"{w.kind} fenced")
             elif (w.kind, answer) in (("publish", Published.GAP), ("finish", Finished.GAP)):
                 # An earlier event was never stored: another attempt resumes from what is.

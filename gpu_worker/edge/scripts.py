@@ -18,11 +18,20 @@ from typing import NamedTuple
 
 from shared import keys
 
-# KEYS: state, progress, cancel, channel. ARGV: worker_id, entry_ref, ttl_ms, now. Renews
-# the TTL of the state and of any stored progress (PUBLISH renews them together after).
-# -> Begun: {'done'} | {'duplicate'} | {'ok', owner, cancelled, first_start, first_token_at,
-#    progress...}
+# KEYS: state, progress, cancel, channel. ARGV: worker_id, entry_ref, ttl_ms, now, digest
+# ('' for none), the id_conflict failure JSON, n. Renews the TTL of the state and of any
+# stored progress (PUBLISH renews them together after). The first entry begun stores its
+# request's digest; an entry whose digest differs gets the failure stored in the state
+# field ``conflict:<entry_ref>`` (its own, read by its client), and nothing else changes.
+# -> Begun: {'done'} | {'duplicate'} | {'conflict'} | {'ok', owner, cancelled, first_start,
+#    first_token_at, progress..., {ended choice JSON...}} (the last item, an array)
 BEGIN = """
+local digest = redis.call('HGET', KEYS[1], 'digest')
+if digest and ARGV[5] ~= '' and digest ~= ARGV[5] then
+  redis.call('HSET', KEYS[1], 'conflict:' .. ARGV[2], ARGV[6])
+  if redis.call('PTTL', KEYS[1]) < 0 then redis.call('PEXPIRE', KEYS[1], ARGV[3]) end
+  return {'conflict'}
+end
 local status = redis.call('HGET', KEYS[1], 'status')
 if status == 'done' then return {'done'} end
 local entry = redis.call('HGET', KEYS[1], 'entry')
@@ -30,6 +39,7 @@ if entry and entry ~= ARGV[2] then return {'duplicate'} end
 local fence = redis.call('HINCRBY', KEYS[1], 'fence', 1)
 local owner = ARGV[1] .. '#' .. fence
 redis.call('HSET', KEYS[1], 'owner', owner, 'entry', ARGV[2], 'status', 'running')
+if ARGV[5] ~= '' then redis.call('HSETNX', KEYS[1], 'digest', ARGV[5]) end
 redis.call('HSETNX', KEYS[1], 'first_start', ARGV[4])
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 redis.call('PEXPIRE', KEYS[2], ARGV[3])  -- a resumed request's progress lives as long
@@ -37,6 +47,12 @@ local first_start = redis.call('HGET', KEYS[1], 'first_start')
 local first_token = redis.call('HGET', KEYS[1], 'first_token_at') or ''
 local reply = {'ok', owner, tostring(redis.call('EXISTS', KEYS[3])), first_start, first_token}
 for _, event in ipairs(redis.call('LRANGE', KEYS[2], 0, -1)) do table.insert(reply, event) end
+local ended = {}
+for i = 0, tonumber(ARGV[7] or '1') - 1 do
+  local choice = redis.call('HGET', KEYS[1], 'choice:' .. i)
+  if choice then table.insert(ended, choice) end
+end
+table.insert(reply, ended)
 return reply
 """
 
@@ -47,10 +63,12 @@ return reply
 # once a tenth of the TTL has passed (the state's PTTL says when), not at every event, so
 # a request's keys outlive its last write by at least 0.9 x ttl while it runs (FINISH
 # renews both in full).
+# ARGV[8], for choice i > 0 of a request with n > 1: its own count, ``published:<i>``.
 # -> Published: 0 fenced | 1 ok | 2 ok, and cancel was asked | 3 duplicate (already stored)
 # | 4 gap (an earlier event is not stored yet: retry after it).
 PUBLISH = """
-local state = redis.call('HMGET', KEYS[1], 'owner', 'published')
+local counter = ARGV[8] or 'published'
+local state = redis.call('HMGET', KEYS[1], 'owner', counter)
 if state[1] ~= ARGV[1] then return 0 end
 local published = state[2]
 if published then
@@ -60,9 +78,9 @@ if published then
 end
 local length = redis.call('RPUSH', KEYS[2], ARGV[4])
 if ARGV[5] ~= '' and not published then  -- nothing stored yet, so no first-token time either
-  redis.call('HSET', KEYS[1], 'published', ARGV[7], 'first_token_at', ARGV[5])
+  redis.call('HSET', KEYS[1], counter, ARGV[7], 'first_token_at', ARGV[5])
 else
-  redis.call('HSET', KEYS[1], 'published', ARGV[7])
+  redis.call('HSET', KEYS[1], counter, ARGV[7])
   if ARGV[5] ~= '' then redis.call('HSETNX', KEYS[1], 'first_token_at', ARGV[5]) end
 end
 redis.call(ARGV[3], KEYS[4], ARGV[4])
@@ -75,18 +93,34 @@ return 1
 """
 
 # KEYS: state, progress, cancel, channel. ARGV: owner, ttl_ms, publish command, terminal JSON,
-# number of output tokens or '' (a failure). Stores the result durably, then publishes it.
+# number of output tokens or '' (a failure), then those of choices 1..n-1 (n > 1). Stores
+# the result durably, then publishes it.
 # -> Finished: 0 fenced | 1 stored | 2 gap (a token event is not stored yet: retry after it).
 FINISH = """
 local state = redis.call('HMGET', KEYS[1], 'owner', 'published')
 if state[1] ~= ARGV[1] then return 0 end
 if ARGV[5] ~= '' and state[2] and tonumber(state[2]) < tonumber(ARGV[5]) then return 2 end
+for i = 6, #ARGV do
+  local stored = tonumber(redis.call('HGET', KEYS[1], 'published:' .. (i - 5)) or '0')
+  if stored < tonumber(ARGV[i]) then return 2 end
+end
 redis.call('HSET', KEYS[1], 'status', 'done', 'result', ARGV[4])
 redis.call('HDEL', KEYS[1], 'owner')
 redis.call(ARGV[3], KEYS[4], ARGV[4])
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 redis.call('PEXPIRE', KEYS[2], ARGV[2])  -- a no-op where no token was stored
 redis.call('DEL', KEYS[3])
+return 1
+"""
+
+# KEYS: state, progress, cancel, channel. ARGV: owner, choice index, choice JSON, its number
+# of tokens. Stores how one choice of several ended (read back by BEGIN on a resume).
+# -> Finished: 0 fenced | 1 stored | 2 gap.
+END_CHOICE = """
+if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then return 0 end
+local counter = ARGV[2] == '0' and 'published' or ('published:' .. ARGV[2])
+if tonumber(redis.call('HGET', KEYS[1], counter) or '0') < tonumber(ARGV[4]) then return 2 end
+redis.call('HSET', KEYS[1], 'choice:' .. ARGV[2], ARGV[3])
 return 1
 """
 
@@ -155,8 +189,8 @@ class Script:
 
 
 ALL = {name: Script(name, src) for name, src in
-       {"begin": BEGIN, "publish": PUBLISH, "finish": FINISH, "renew": RENEW, "ack": ACK,
-        "handoff": HANDOFF}.items()}
+       {"begin": BEGIN, "publish": PUBLISH, "finish": FINISH, "end_choice": END_CHOICE,
+        "renew": RENEW, "ack": ACK, "handoff": HANDOFF}.items()}
 SHAS = {name: s.sha for name, s in ALL.items()}
 
 
@@ -198,9 +232,11 @@ def _text(value: bytes | str | None) -> str:
 @dataclass(frozen=True)
 class Begun:
     """BEGIN's reply. ``status``: ``ok`` (this worker owns the request now), ``done`` (a
-    result is stored) or ``duplicate`` (another entry owns the request id). For ``ok``:
-    the fencing token, whether a cancel is pending, the first start and first-token times
-    of any earlier attempt, and the stored progress (token event JSON, in order)."""
+    result is stored), ``duplicate`` (another entry owns the request id) or ``conflict``
+    (the id holds a different request: this entry's failure is stored for its client). For
+    ``ok``: the fencing token, whether a cancel is pending, the first start and first-token
+    times of any earlier attempt, the choices an earlier attempt ended (JSON) and the stored
+    progress (token event JSON, in order)."""
 
     status: str
     owner: str = ""
@@ -208,6 +244,7 @@ class Begun:
     first_start: float = 0.0
     first_token_at: float | None = None
     progress: tuple[bytes, ...] = ()
+    ended_choices: tuple[bytes, ...] = ()
 
     @classmethod
     def parse(cls, reply: list) -> "Begun":
@@ -215,7 +252,9 @@ class Begun:
         if status != "ok":
             return cls(status)
         first_token = _text(reply[4])
+        rest = list(reply[5:])
+        ended = rest.pop() if rest and isinstance(rest[-1], list) else []
         return cls(status, owner=_text(reply[1]), cancelled=_text(reply[2]) == "1",
                    first_start=float(reply[3]),
                    first_token_at=float(first_token) if first_token else None,
-                   progress=tuple(reply[5:]))
+                   progress=tuple(rest), ended_choices=tuple(ended))
