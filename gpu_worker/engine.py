@@ -20,6 +20,7 @@ from gpu_worker.runner import ModelRunner, RunnerOutput, allocate_kv_caches
 from gpu_worker.sampling_params import SamplingParams
 from gpu_worker.scheduler import Scheduler, SchedulerOutput
 from gpu_worker.spec.build import build_speculator
+from gpu_worker.structured.compiler import GrammarCompiler
 from gpu_worker.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -58,8 +59,9 @@ class EngineCore:
                                    max_num_seqs=config.max_num_seqs,
                                    num_lookahead_tokens=spec.num_lookahead_tokens if spec else 0)
         self.runner = self._build_runner(kv_caches)
+        self.grammars = GrammarCompiler(self.tokenizer.hf, self.vocab_size, cfg.eos_token_ids)
         self.factory = RequestFactory(self.tokenizer, cfg.eos_token_ids, self.vocab_size, self.max_model_len,
-                                      num_blocks * config.block_size)
+                                      num_blocks * config.block_size, self.grammars)
         self.guarded = GuardedRunner(self.runner, self.scheduler, self.factory)
         self.num_steps = 0
         logger.info("engine ready in %.1fs: %s, %d layers, %d KV blocks of %d tokens (%.0f MiB), %s %s%s",

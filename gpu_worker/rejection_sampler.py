@@ -14,12 +14,14 @@ from __future__ import annotations
 import torch
 
 from gpu_worker.sampler import Sampler, SamplingRow, gather_logprobs, raw_logprobs_for, row_seed
+from gpu_worker.structured.masks import apply_grammar_masks
 
 
 def verify_drafts(sampler: Sampler, logits: torch.Tensor, rows: list[SamplingRow],
                   logits_rows: list, out) -> None:
     """logits: [num_rows, vocab] raw; fills out.sampled / num_drafted / num_accepted / logprobs."""
     raw = raw_logprobs_for(logits, rows)
+    apply_grammar_masks(logits, rows)   # row j after j drafts: a refused draft is rejected
     processed = sampler.processed_logits(logits.clone(), rows)
     greedy_ids = processed.argmax(dim=-1).tolist()
     sampled_rows = [i for i, r in enumerate(rows) if not r.params.greedy]

@@ -6,11 +6,16 @@ import enum
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from gpu_worker.detokenizer import IncrementalDetokenizer
 from gpu_worker.errors import InvalidRequestError
 from gpu_worker.outputs import RequestDelta, TokenLogprob
 from gpu_worker.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from gpu_worker.structured.compiler import GrammarCompiler, PendingGrammar
+    from gpu_worker.structured.state import GrammarState
 
 
 class Status(enum.Enum):
@@ -43,6 +48,10 @@ class Request:
     error_code: str | None = None       # set with finish_reason "error"
     error_message: str | None = None
     num_preemptions: int = 0
+    # Structured output: compiling (pending) until the scheduler first admits it, then the
+    # matcher, fed every output token (resumed ones first).
+    grammar_pending: PendingGrammar | None = None
+    grammar: GrammarState | None = None
 
     def __post_init__(self) -> None:
         if not self.token_ids:
@@ -108,6 +117,7 @@ class RequestFactory:
     vocab_size: int
     max_model_len: int
     max_kv_tokens: int                  # tokens the whole KV cache holds
+    grammars: GrammarCompiler | None = None   # compiles structured outputs (None: refused)
 
     def make(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams, *,
              priority: int = 0, resume_token_ids: Sequence[int] = (), deadline: float | None = None) -> Request:
@@ -118,9 +128,15 @@ class RequestFactory:
         detok = IncrementalDetokenizer(self.tokenizer, params.stop)
         if resumed:
             detok.prime(resumed)
+        pending = None
+        if params.structured is not None:
+            if self.grammars is None:
+                raise InvalidRequestError("invalid_grammar", "this engine has no grammar compiler")
+            pending = self.grammars.submit(params.structured)   # compiles off this thread
         return Request(request_id=request_id, prompt_token_ids=prompt, params=params, detokenizer=detok,
                        eos_token_ids=self.eos_token_ids, max_total_tokens=self.max_model_len,
-                       priority=priority, deadline=deadline, output_token_ids=resumed)
+                       priority=priority, deadline=deadline, output_token_ids=resumed,
+                       grammar_pending=pending)
 
     def _validate(self, prompt: list[int], resumed: list[int], params: SamplingParams) -> None:
         if not isinstance(params, SamplingParams):

@@ -123,7 +123,7 @@ class ModelRunner:
             for j in range(n):
                 outputs = req.output_token_ids + req.spec_token_ids[:j]
                 rows.append(SamplingRow(req.params, req.num_tokens + j, req.prompt_token_ids,
-                                        outputs, req.eos_token_ids))
+                                        outputs, req.eos_token_ids, req.grammar, j))
         if all(n == 1 for _, _, n in batch.logits_rows):   # no drafts to verify
             token_ids, logprobs = self.sampler.sample(logits, rows)
             for k, (s, _, _) in enumerate(batch.logits_rows):

@@ -14,6 +14,7 @@ import torch
 
 from gpu_worker.outputs import TokenLogprob
 from gpu_worker.sampling_params import SamplingParams
+from gpu_worker.structured.masks import apply_grammar_masks
 
 _MIX = 0x9E3779B97F4A7C15
 
@@ -27,6 +28,8 @@ class SamplingRow:
     prompt_token_ids: list[int]
     output_token_ids: list[int]     # outputs before this position
     eos_token_ids: tuple[int, ...]
+    grammar: object | None = None   # a structured request's GrammarState: the row is masked
+    num_drafts: int = 0             # drafts at the end of output_token_ids (verification rows)
 
 
 def row_seed(seed: int, position: int) -> int:
@@ -44,7 +47,7 @@ class Sampler:
             p = r.params
             if p.needs_penalties:
                 _apply_penalties(logits[i], r)
-            if len(r.output_token_ids) < p.min_tokens:
+            if len(r.output_token_ids) < p.min_tokens and r.grammar is None:   # the grammar ends it
                 banned = list(p.stop_token_ids) + ([] if p.ignore_eos else list(r.eos_token_ids))
                 if banned:
                     logits[i, banned] = float("-inf")
@@ -77,8 +80,10 @@ class Sampler:
         return noise
 
     def sample(self, logits: torch.Tensor, rows: list[SamplingRow]) -> tuple[list[int], list[TokenLogprob] | None]:
-        """Sample one token per row. logits: [n, vocab] float32 raw model output."""
+        """Sample one token per row. logits: [n, vocab] float32 raw model output (the rows of
+        structured requests are masked in place, after their raw logprobs are taken)."""
         raw_logprobs = raw_logprobs_for(logits, rows)
+        apply_grammar_masks(logits, rows)
         if all(r.params.greedy and not r.params.needs_penalties and r.params.min_tokens == 0 for r in rows):
             token_ids = logits.argmax(dim=-1).tolist()
         else:

@@ -5,6 +5,7 @@ import math
 from dataclasses import dataclass, field
 
 from gpu_worker.errors import InvalidRequestError
+from gpu_worker.structured.spec import StructuredSpec
 
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
@@ -20,8 +21,9 @@ class SamplingParams:
     """How one request samples. ``temperature == 0`` (or below ``GREEDY_TEMPERATURE``) means greedy.
 
     ``logprobs=None`` returns no logprobs; ``0`` the sampled token's; ``n`` that plus the
-    top ``n``. Logprobs are of the model's raw distribution (before temperature and
-    penalties). ``seed`` makes sampling a pure function of (seed, position), so the same
+    top ``n``. Logprobs are of the model's raw distribution (before temperature, penalties
+    and a grammar's mask). ``structured``: the output must match it (a grammar; the
+    request ends when the grammar does, so ``min_tokens`` does not hold EOS back). ``seed`` makes sampling a pure function of (seed, position), so the same
     seed gives the same output whatever else is batched, and after preemption.
     """
 
@@ -40,6 +42,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None
     speculative: bool = True
+    structured: StructuredSpec | None = None
 
     def __post_init__(self) -> None:
         # Accept lists from callers; store tuples so the object stays hashable and frozen.
@@ -94,6 +97,12 @@ class SamplingParams:
                    f"stop token id {t!r} is outside the vocabulary [0, {vocab_size})")
         _check(self.logprobs is None or (_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS),
                "invalid_logprobs", f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
+        if self.structured is not None:
+            _check(isinstance(self.structured, StructuredSpec), "invalid_grammar",
+                   "structured must be a StructuredSpec")
+            self.structured.validate()
+            _check(not self.ignore_eos, "invalid_grammar", "ignore_eos cannot be set with structured "
+                   "output (the grammar decides where the output ends)")
 
 
 def _int(x: object) -> bool:

@@ -173,14 +173,18 @@ class Scheduler:
         logger.debug("preempted %s", req.request_id)
 
     def _admit_waiting(self, out: SchedulerOutput, budget: int) -> int:
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            req = self.waiting[0]
+        i = 0
+        while i < len(self.waiting) and budget > 0 and len(self.running) < self.max_num_seqs:
+            req = self.waiting[i]
+            if not self._grammar_ready(req):   # compiling: the next one may go first
+                i += 0 if req.is_finished else 1
+                continue
             hits, num_cached = self.kv.get_computed_blocks(req.token_ids)
             num_new = min(req.num_tokens - num_cached, budget)
             block_ids = self.kv.allocate_slots(req.request_id, self._slots_needed(req, num_cached, num_new), hits)
             if block_ids is None:
                 break
-            self.waiting.pop(0)
+            self.waiting.pop(i)
             if req.num_cached_tokens < 0:
                 req.num_cached_tokens = num_cached
             req.num_computed_tokens = num_cached
@@ -189,6 +193,23 @@ class Scheduler:
             out.scheduled.append(ScheduledRequest(req, num_new, 0, block_ids))
             budget -= num_new
         return budget
+
+    def _grammar_ready(self, req: Request) -> bool:
+        """Whether a structured request's matcher is ready (fed its resumed output); a grammar
+        that failed to compile (or refuses the resumed tokens) fails the request."""
+        if req.grammar_pending is None:
+            return True
+        try:
+            state = req.grammar_pending.poll()
+            if state is not None and not state.feed(req.output_token_ids):
+                raise InvalidRequestError("invalid_resume", "the resumed tokens do not match the grammar")
+        except InvalidRequestError as exc:
+            self.fail(req, exc.code, exc.message)
+            return False
+        if state is None:
+            return False
+        req.grammar, req.grammar_pending = state, None
+        return True
 
     def _expire_deadlines(self) -> None:
         now = time.time()
@@ -232,6 +253,8 @@ class Scheduler:
             return None
         new_tokens, ended = [], None
         for tok in sampled:
+            if req.grammar is not None and not req.grammar.accept(tok):
+                raise RuntimeError(f"token {tok} breaks the request's grammar")
             req.append_output(tok)
             new_tokens.append(tok)
             stop_string = req.detokenizer.push([tok], check_stop=req.num_output_tokens >= req.params.min_tokens)

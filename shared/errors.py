@@ -10,6 +10,7 @@ UNSUPPORTED_VERSION = "unsupported_version"
 POISON = "poison"  # delivered too many times without finishing
 INTERNAL = "internal"  # the engine failed on this request
 TENANT_MISMATCH = "tenant_mismatch"  # the payload names a tenant other than its stream's
+INVALID_GRAMMAR = "invalid_grammar"  # a structured-output spec that does not compile
 ID_CONFLICT = "id_conflict"  # the request id is taken by a different request
 
 

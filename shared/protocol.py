@@ -11,7 +11,7 @@ breaking change bumps ``v`` (workers dead-letter versions they do not know).
 """
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 from msgspec import Meta, Struct
 
@@ -30,6 +30,47 @@ class ChatMessage(Struct, kw_only=True, frozen=True, forbid_unknown_fields=True)
     content: Annotated[str, Meta(max_length=L.MAX_MESSAGE_CHARS)]
 
 
+SpecText = Annotated[str, Meta(min_length=1, max_length=L.MAX_STRUCTURED_SPEC_CHARS)]
+
+
+class StructuredJsonObject(Struct, tag="json_object", tag_field="type", kw_only=True, frozen=True,
+                           forbid_unknown_fields=True):
+    """The output is one JSON object (any keys)."""
+
+
+class StructuredJsonSchema(Struct, tag="json_schema", tag_field="type", kw_only=True, frozen=True,
+                           forbid_unknown_fields=True):
+    """The output is JSON valid against ``schema`` (a JSON Schema, as a JSON object)."""
+
+    schema: dict[str, Any]
+
+
+class StructuredRegex(Struct, tag="regex", tag_field="type", kw_only=True, frozen=True,
+                      forbid_unknown_fields=True):
+    """The whole output matches ``pattern``."""
+
+    pattern: SpecText
+
+
+class StructuredChoice(Struct, tag="choice", tag_field="type", kw_only=True, frozen=True,
+                       forbid_unknown_fields=True):
+    """The output is exactly one of ``choices``."""
+
+    choices: Annotated[list[Annotated[str, Meta(min_length=1, max_length=L.MAX_CHOICE_CHARS)]],
+                       Meta(min_length=1, max_length=L.MAX_CHOICES)]
+
+
+class StructuredGrammar(Struct, tag="grammar", tag_field="type", kw_only=True, frozen=True,
+                        forbid_unknown_fields=True):
+    """The output is a sentence of the EBNF grammar ``ebnf`` (GBNF style, rule ``root``)."""
+
+    ebnf: SpecText
+
+
+StructuredOutput = Union[StructuredJsonObject, StructuredJsonSchema, StructuredRegex,
+                         StructuredChoice, StructuredGrammar]
+
+
 class Request(Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     """One generation request. Exactly one of ``prompt``, ``messages``, ``prompt_token_ids``.
 
@@ -38,7 +79,9 @@ class Request(Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     started by then fails with ``timeout`` before any prefill; one running then stops.
     ``priority`` names the lane the producer enqueues into (the stream decides, not this).
     ``tenant`` may be left out: the stream a request is read from names its tenant, and a
-    payload naming any other tenant fails with ``tenant_mismatch``.
+    payload naming any other tenant fails with ``tenant_mismatch``. ``structured`` constrains
+    the output (JSON object, JSON Schema, regex, choice, EBNF); a spec the worker cannot
+    compile fails with ``invalid_grammar``.
     """
 
     v: Annotated[int, Meta(ge=1)] = L.PROTOCOL_VERSION
@@ -71,6 +114,7 @@ class Request(Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     submitted_at: NonNegFloat | None = None
     n: Annotated[int, Meta(ge=1, le=L.MAX_N,
                            description="Samples of this prompt (choices), sharing its KV.")] = 1
+    structured: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
         given = [x is not None for x in (self.prompt, self.messages, self.prompt_token_ids)]

@@ -96,6 +96,12 @@ def _exact_request(request: dict[str, Any]) -> None:
                                       "naming another tenant fails with `tenant_mismatch`.")
     props["priority"]["description"] = ("Informational: the lane is the stream the request "
                                         "is added to.")
+    union = props["structured"]["anyOf"][0]["anyOf"]  # msgspec's tagged union, less its discriminator
+    props["structured"] = {"oneOf": [*union, {"type": "null"}], "default": None,
+                           "description": "Constrains the output; told apart by `type`. A spec "
+                                          "the worker cannot compile (or a JSON Schema over "
+                                          f"{L.MAX_STRUCTURED_SPEC_CHARS} characters as compact "
+                                          "JSON) fails with `invalid_grammar`."}
     request["description"] += (
         "\n\nNot expressible in this schema (see docs/protocol.md): `min_tokens <= "
         f"max_tokens`; integers written without fraction or exponent; at most "

@@ -83,6 +83,7 @@ class Speculator:
         except Exception:
             logger.warning("drafting %d requests failed; retrying one by one", len(items), exc_info=True)
             drafts, failed = self._propose_alone(items)
+        _keep_grammar_valid(items, drafts)
         total = sum(len(d) for d in drafts.values())
         if total and self.proposer.uses_model:
             per_token = (time.perf_counter() - t0) / total
@@ -108,3 +109,12 @@ class Speculator:
                 "spec_acceptance_rate": self.num_accepted / self.num_drafted if self.num_drafted else 0.0,
                 "spec_mean_accepted_length": (self.num_accepted / self.num_verifications
                                               if self.num_verifications else 0.0)}
+
+
+def _keep_grammar_valid(items: list[DraftItem], drafts: dict[str, list[int]]) -> None:
+    """Cut a structured request's drafts at the first token its grammar refuses (it could
+    never be accepted; the matcher is rolled back to where it was)."""
+    for item in items:
+        grammar, rid = item.request.grammar, item.request.request_id
+        if grammar is not None and drafts.get(rid):
+            drafts[rid] = drafts[rid][:grammar.valid_prefix(drafts[rid])]

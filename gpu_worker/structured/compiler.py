@@ -1,0 +1,102 @@
+"""Grammar compilation off the engine thread, cached per (kind, spec).
+
+The engine thread only submits: a request waits in the scheduler while its grammar compiles
+on this module's one background thread (the tokenizer's vocabulary is indexed there too,
+once, at the first structured request), and a cache hit is ready at once. A spec that does
+not compile, or takes longer than ``timeout_s``, fails its request alone with
+``invalid_grammar``.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from gpu_worker.errors import InvalidRequestError
+from gpu_worker.structured.spec import INVALID_GRAMMAR, StructuredSpec
+from gpu_worker.structured.state import GrammarState
+
+logger = logging.getLogger(__name__)
+
+COMPILE_TIMEOUT_S = 10.0
+CACHE_SIZE = 256
+_OBJECT_SCHEMA = '{"type": "object"}'
+
+
+class GrammarCompiler:
+    """Compiles :class:`StructuredSpec` for one tokenizer (a transformers tokenizer)."""
+
+    def __init__(self, hf_tokenizer, vocab_size: int, stop_token_ids: tuple[int, ...], *,
+                 timeout_s: float = COMPILE_TIMEOUT_S, cache_size: int = CACHE_SIZE) -> None:
+        self._hf, self.vocab_size, self._stop = hf_tokenizer, vocab_size, list(stop_token_ids)
+        self.timeout_s, self.cache_size = timeout_s, cache_size
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar")
+        self._cache: OrderedDict[StructuredSpec, Future] = OrderedDict()
+        self._lock = threading.Lock()
+        self._compiler = None   # built on the pool's thread
+        self.num_compiled = 0
+
+    def submit(self, spec: StructuredSpec) -> PendingGrammar:
+        """Start (or reuse) the compilation of ``spec``; never blocks."""
+        with self._lock:
+            future = self._cache.get(spec)
+            if future is None:
+                future = self._pool.submit(self._compile, spec)
+                self._cache[spec] = future
+                while len(self._cache) > self.cache_size:
+                    self._cache.popitem(last=False)
+            else:
+                self._cache.move_to_end(spec)
+        return PendingGrammar(future, time.monotonic() + self.timeout_s, self.timeout_s)
+
+    def compile_now(self, spec: StructuredSpec) -> GrammarState:
+        """Compile and wait (tests, benchmarks); raises ``invalid_grammar``."""
+        pending = self.submit(spec)
+        pending.future.result(timeout=self.timeout_s)
+        return pending.poll()
+
+    def _compile(self, spec: StructuredSpec):
+        import xgrammar as xgr
+
+        if self._compiler is None:
+            info = xgr.TokenizerInfo.from_huggingface(self._hf, vocab_size=self.vocab_size,
+                                                      stop_token_ids=self._stop)
+            self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+        c, t0 = self._compiler, time.perf_counter()
+        if spec.kind == "json_object":
+            out = c.compile_json_schema(_OBJECT_SCHEMA, any_whitespace=False)
+        elif spec.kind == "json_schema":
+            out = c.compile_json_schema(spec.spec, any_whitespace=False)
+        elif spec.kind == "regex":
+            out = c.compile_regex(spec.spec)
+        elif spec.kind == "choice":
+            alts = " | ".join(json.dumps(s, ensure_ascii=False) for s in json.loads(spec.spec))
+            out = c.compile_grammar(f"root ::= {alts}")
+        else:
+            out = c.compile_grammar(spec.spec)
+        self.num_compiled += 1
+        logger.debug("compiled a %s grammar in %.1f ms", spec.kind, (time.perf_counter() - t0) * 1e3)
+        return out
+
+
+class PendingGrammar:
+    """A compilation a request waits for."""
+
+    def __init__(self, future: Future, deadline: float, timeout_s: float) -> None:
+        self.future, self.deadline, self.timeout_s = future, deadline, timeout_s
+
+    def poll(self) -> GrammarState | None:
+        """A fresh matcher once compiled, None while compiling; raises ``invalid_grammar``
+        when compilation failed or ran past its time limit."""
+        if not self.future.done():
+            if time.monotonic() > self.deadline:
+                raise InvalidRequestError(INVALID_GRAMMAR, f"the grammar took longer than {self.timeout_s:g} s "
+                                          "to compile")
+            return None
+        exc = self.future.exception()
+        if exc is not None:
+            raise InvalidRequestError(INVALID_GRAMMAR, f"the grammar does not compile: {exc}")
+        return GrammarState(self.future.result())

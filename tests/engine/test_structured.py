@@ -1,0 +1,207 @@
+"""Structured outputs in the engine (tiny random-weight model: only the grammar makes its
+output valid): masks in the batched sampler, every kind, drafts checked and rolled back,
+preemption, a resumed request re-fed, and a grammar that does not compile failing alone."""
+import json
+import re
+
+import pytest
+import torch
+
+from gpu_worker import LLM, SamplingParams
+from gpu_worker.errors import InvalidRequestError
+from gpu_worker.sampler import Sampler, SamplingRow
+from gpu_worker.structured import StructuredSpec
+from gpu_worker.structured.masks import apply_grammar_masks
+
+# Kinds whose every sentence is short: a random model ends them (json_object, unbounded
+# strings and numbers are tested with the real model, tests/engine/test_structured_smollm2.py).
+SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "tag": {"enum": ["a", "b"]}},
+          "required": ["ok", "tag"]}
+KINDS = [
+    (StructuredSpec.json_schema(SCHEMA), lambda t: set(json.loads(t)) == {"ok", "tag"}),
+    (StructuredSpec("regex", r"(ab|cd){3,6}x"), lambda t: re.fullmatch(r"(ab|cd){3,6}x", t)),
+    (StructuredSpec.choice(["red", "green", "blue"]), lambda t: t in ("red", "green", "blue")),
+    (StructuredSpec("grammar", 'root ::= "(" [0-9] [0-9]? ")"'), lambda t: re.fullmatch(r"\(\d\d?\)", t)),
+    (StructuredSpec("regex", r"[a-c]{2}-[0-9]{2}"), lambda t: re.fullmatch(r"[a-c]{2}-[0-9]{2}", t)),
+]
+PROMPTS = [[5, 6, 7, 8], [100, 200, 300], [42] * 9, [7, 7, 8, 8, 9], [1000, 2000, 1000, 2000]]
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_llama_dir):
+    return LLM(tiny_llama_dir, kv_cache_memory=64 << 20)
+
+
+@pytest.fixture(scope="module")
+def grammars(llm):
+    return llm.engine.grammars
+
+
+def _params(spec, temperature=0.0, seed=None, max_tokens=48):
+    return SamplingParams(temperature=temperature, seed=seed, max_tokens=max_tokens, structured=spec)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_every_kind_gives_valid_output_from_a_random_model(llm, temperature):
+    specs = [spec for spec, _ in KINDS]
+    outs = llm.generate(PROMPTS, [_params(s, temperature, seed=i) for i, s in enumerate(specs)])
+    for (spec, valid), out in zip(KINDS, outs):
+        assert out.finish_reason == "stop", (spec.kind, out.text, out.error_message)
+        assert valid(out.text), (spec.kind, out.text)
+        assert out.token_ids[-1] in llm.engine.model_config.eos_token_ids   # EOS once complete
+
+
+def test_unconstrained_rows_are_untouched_and_constrained_rows_masked(grammars, llm):
+    vocab = llm.engine.vocab_size
+    state = grammars.compile_now(StructuredSpec.choice(["yes", "no"]))
+    logits = torch.randn(2, vocab)
+    before = logits.clone()
+    rows = [SamplingRow(SamplingParams(temperature=0), 3, [1, 2], [], (2,), grammar=state),
+            SamplingRow(SamplingParams(temperature=0), 3, [1, 2], [], (2,))]
+    assert apply_grammar_masks(logits, rows)
+    assert torch.equal(logits[1], before[1])
+    allowed = torch.isfinite(logits[0]).nonzero().flatten().tolist()
+    texts = {llm.tokenizer.decode([t]) for t in allowed}
+    assert texts and all("yes".startswith(t) or "no".startswith(t) for t in texts), texts
+    assert not apply_grammar_masks(before, rows[1:])   # nothing constrained: nothing done
+
+
+def test_eos_only_where_the_grammar_is_complete(grammars, llm):
+    eos = llm.engine.model_config.eos_token_ids[0]
+    state = grammars.compile_now(StructuredSpec.choice(["yes"]))
+    row = SamplingRow(SamplingParams(temperature=0), 0, [1], [], (eos,), grammar=state)
+    logits = torch.zeros(1, llm.engine.vocab_size)
+    apply_grammar_masks(logits, [row])
+    assert logits[0, eos] == float("-inf")
+    assert state.feed(_ids(llm, "yes"))
+    logits = torch.zeros(1, llm.engine.vocab_size)
+    apply_grammar_masks(logits, [row])
+    assert torch.isfinite(logits[0]).nonzero().flatten().tolist() == [eos]
+
+
+def _ids(llm, text):
+    return llm.tokenizer.hf(text, add_special_tokens=False)["input_ids"]
+
+
+def test_draft_rows_are_masked_after_their_drafts_and_the_matcher_rolled_back(grammars, llm):
+    state = grammars.compile_now(StructuredSpec("regex", "abcabc"))
+    drafts = _ids(llm, "abcabc")
+    wrong = _ids(llm, "x")
+    rows = [SamplingRow(SamplingParams(temperature=0), j, [1], list(d), (2,), grammar=state, num_drafts=j)
+            for j, d in enumerate([[], drafts[:1], drafts[:1] + wrong])]
+    logits = torch.zeros(3, llm.engine.vocab_size)
+    apply_grammar_masks(logits, rows)
+    assert torch.isfinite(logits[0, drafts[0]]) and torch.isfinite(logits[1, drafts[1]])
+    assert logits[0, drafts[1]] == float("-inf") or drafts[0] == drafts[1]
+    assert state.valid_prefix(drafts) == len(drafts)   # rolled back: the state is the start again
+    sampler = Sampler()
+    tokens, _ = sampler.sample(torch.zeros(1, llm.engine.vocab_size), rows[:1])
+    assert tokens[0] == drafts[0] or llm.tokenizer.decode(tokens).startswith("a")
+
+
+def test_spec_and_preemption_keep_the_grammar_and_the_greedy_output(tiny_llama_dir, llm):
+    specs = [spec for spec, _ in KINDS] * 2
+    # More than the small KV cache holds at once (preemption), with text to draft from.
+    prompts = [p * 4 + _ids(llm, "(12)ab-12 true, \"tag\": \"a\"}abcdabcdx") for p in PROMPTS] * 2
+    want = [o.token_ids for o in llm.generate(prompts, [_params(s) for s in specs])]
+    small = LLM(tiny_llama_dir, kv_cache_memory=24 * 16 * 256, max_num_batched_tokens=64,
+                speculative="ngram", num_speculative_tokens=3, spec_adaptive=False)
+    outs = small.generate(prompts, [_params(s) for s in specs])
+    assert [o.token_ids for o in outs] == want
+    for (spec, valid), out in zip(KINDS * 2, outs):
+        assert out.finish_reason == "stop" and valid(out.text), (spec.kind, out.text)
+    stats = small.engine.stats()
+    assert stats["num_preemptions"] > 0
+    assert sum(stats["spec_drafted_tokens"].values()) > 0
+
+
+class _Proposer:
+    """Drafts the known greedy continuation (``right``) or a token off it."""
+
+    name, uses_model, observe = "test", False, None
+
+    def __init__(self, want: dict, right: bool) -> None:
+        self.want, self.right = want, right
+
+    def propose(self, items):
+        out = {}
+        for it in items:
+            req = it.request
+            rest = self.want[tuple(req.prompt_token_ids)][req.num_output_tokens:][:it.k]
+            out[req.request_id] = rest if self.right else [(t + 1) for t in rest]
+        return out
+
+
+@pytest.mark.parametrize("right", [True, False])
+def test_drafts_accepted_or_rolled_back_give_the_same_output(tiny_llama_dir, llm, right):
+    spec = StructuredSpec("regex", r"(ab|cd){3,6}x")
+    want = llm.generate(PROMPTS[:3], _params(spec, max_tokens=30))
+    spec_llm = LLM(tiny_llama_dir, kv_cache_memory=64 << 20, speculative="ngram", spec_adaptive=False)
+    spec_llm.engine.speculator.proposer = _Proposer({tuple(p): o.token_ids for p, o in zip(PROMPTS, want)}, right)
+    outs = spec_llm.generate(PROMPTS[:3], _params(spec, max_tokens=30))
+    assert [o.token_ids for o in outs] == [o.token_ids for o in want]
+    stats = spec_llm.engine.stats()
+    assert (sum(stats["spec_accepted_tokens"].values()) > 0) == right
+
+
+def test_a_resumed_request_feeds_its_stored_tokens_to_the_grammar(llm):
+    spec = StructuredSpec("regex", r"(ab|cd){3,6}x")
+    whole = llm.generate([PROMPTS[0]], _params(spec))[0]
+    engine = llm.engine
+    engine.add_request("resumed", PROMPTS[0], _params(spec), resume_token_ids=whole.token_ids[:3])
+    engine.add_request("bad-resume", PROMPTS[0], _params(spec), resume_token_ids=_ids(llm, "zz"))
+    got, ended = list(whole.token_ids[:3]), {}
+    while engine.has_unfinished_requests():
+        for d in engine.step():
+            if d.request_id == "resumed":
+                got += d.new_token_ids
+            if d.finished:
+                ended[d.request_id] = d
+    assert got == whole.token_ids
+    assert ended["bad-resume"].error_code == "invalid_resume"
+
+
+def test_a_grammar_that_does_not_compile_fails_alone(llm):
+    good = StructuredSpec.choice(["on", "off"])
+    bad = [StructuredSpec("grammar", "root ::= ("), StructuredSpec("regex", "(unclosed"),
+           StructuredSpec.json_schema({"type": "no-such-type"})]
+    outs = llm.generate([PROMPTS[0]] * 4, [_params(s) for s in [*bad, good]])
+    for out in outs[:3]:
+        assert out.finish_reason == "error" and out.error_code == "invalid_grammar", out
+    assert outs[3].finish_reason == "stop" and outs[3].text in ("on", "off")
+
+
+@pytest.mark.parametrize("spec,params", [
+    (StructuredSpec("yaml", "x"), {}),
+    (StructuredSpec("regex", ""), {}),
+    (StructuredSpec("choice", "[]"), {}),
+    (StructuredSpec("choice", '["a", ""]'), {}),
+    (StructuredSpec("json_schema", "[1]"), {}),
+    (StructuredSpec("json_schema", "{nope"), {}),
+    (StructuredSpec("regex", "a" * 70000), {}),
+    (StructuredSpec("json_object"), {"ignore_eos": True}),
+])
+def test_specs_refused_before_anything_is_queued(llm, spec, params):
+    with pytest.raises(InvalidRequestError) as err:
+        llm.engine.add_request("refused", [1, 2], SamplingParams(structured=spec, **params))
+    assert err.value.code == "invalid_grammar"
+    assert not llm.engine.has_unfinished_requests()
+
+
+def test_compilation_is_cached_per_kind_and_spec(grammars):
+    spec = StructuredSpec("regex", "[0-9]{4}")
+    grammars.compile_now(spec)
+    n = grammars.num_compiled
+    grammars.compile_now(StructuredSpec("regex", "[0-9]{4}"))
+    assert grammars.num_compiled == n
+    grammars.compile_now(StructuredSpec("grammar", 'root ::= [0-9] [0-9] [0-9] [0-9]'))
+    assert grammars.num_compiled == n + 1
+
+
+def test_a_slow_compilation_fails_its_request_at_the_time_limit(tiny_llama_dir):
+    llm = LLM(tiny_llama_dir, kv_cache_memory=64 << 20)
+    llm.engine.grammars.timeout_s = 0.0
+    outs = llm.generate([PROMPTS[0], PROMPTS[1]], [_params(StructuredSpec("regex", "[a-z]{40}")),
+                                                   SamplingParams(temperature=0, max_tokens=3)])
+    assert outs[0].error_code == "invalid_grammar" and "longer than" in outs[0].error_message
+    assert outs[1].finish_reason == "length"
