@@ -22,7 +22,7 @@ import time
 from datetime import datetime, timezone
 
 FORMATS = ("text", "json")
-LEVELS = ("debug", "info", "warning", "error")
+LEVELS = ("debug", "info", "warning", "error", "critical")
 _STANDARD = set(vars(logging.LogRecord("x", 0, "x", 0, "x", None, None))) | {"message",
                                                                           "asctime"}
 
@@ -75,6 +75,7 @@ def configure(fmt: str | None = None, level: str | None = None, *, stream=None) 
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level)
+    logging.captureWarnings(True)  # warnings.warn lines go through the same format
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
