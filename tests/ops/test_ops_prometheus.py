@@ -85,3 +85,24 @@ scrape_configs:
         for proc in (prom, exporter):
             proc.terminate()
             proc.wait(15)
+
+
+def test_every_alert_says_what_to_do_and_links_its_runbook_entry():
+    import re
+
+    import yaml
+
+    runbook = (REPO / "docs" / "operations.md").read_text()
+    anchors = {re.sub(r"[^a-z0-9 -]", "", h.lower()).replace(" ", "-")
+               for h in re.findall(r"^#+ (.+)$", runbook, flags=re.M)}
+    rules = [r for g in yaml.safe_load((PROM / "alerts.yml").read_text())["groups"]
+             for r in g["rules"]]
+    assert len(rules) == 11
+    for rule in rules:
+        link = rule["annotations"]["runbook"]
+        assert link == f"docs/operations.md#{rule['alert'].lower()}", rule["alert"]
+        assert link.split("#")[1] in anchors, rule["alert"]
+        assert rule["annotations"]["summary"] and rule["labels"]["severity"]
+    (dead,) = [r for r in rules if r["alert"] == "FleetDeadLetters"]
+    assert "rejected" not in dead["expr"] and dead["expr"].count("fleet:") == 1  # one expression
+    assert dead["for"] == "5m"
