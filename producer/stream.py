@@ -12,7 +12,8 @@ import redis.asyncio as aioredis
 from producer.errors import failure_error
 from producer.subscriptions import RECONNECTED
 from shared import codec, errors, keys
-from shared.protocol import Choice, Failure, Result, Token
+from shared.protocol import Failure, Result, Token
+from shared.results import all_choices
 
 logger = logging.getLogger(__name__)
 
@@ -125,7 +126,7 @@ class RequestStream:
         """Whether the result holds tokens of some choice that no event brought yet."""
         if not isinstance(event, Result):
             return False
-        return any(len(c.token_ids) > self._next(c.index) for c in _choices(event))
+        return any(len(c.token_ids) > self._next(c.index) for c in all_choices(event))
 
     def _take(self, event: Token) -> None:
         if event.seq != self._next(event.index):
@@ -169,7 +170,7 @@ class RequestStream:
     def _end(self, event: Result | Failure) -> None:
         """The terminal event. The result is authoritative: tokens it holds that no event
         brought (stored events lost with a Redis failover, say) are delivered from it."""
-        for c in _choices(event) if isinstance(event, Result) else ():
+        for c in all_choices(event) if isinstance(event, Result) else ():
             have, text = self.choice_token_ids.get(c.index, []), self.choice_text.get(c.index, "")
             if len(c.token_ids) > len(have) and c.token_ids[:len(have)] == have:
                 tail_text = c.text[len(text):] if c.text.startswith(text) else ""
@@ -177,10 +178,3 @@ class RequestStream:
                                  token_ids=c.token_ids[len(have):], text=tail_text))
         self._terminal = event
 
-
-def _choices(result: Result) -> list[Choice]:
-    """Every choice of a result (choice 0 alone when the request had ``n == 1``)."""
-    if result.choices:
-        return result.choices
-    return [Choice(index=0, finish_reason=result.finish_reason, text=result.text,
-                   token_ids=result.token_ids)]

@@ -17,7 +17,11 @@ def add_parser(sub, add_common) -> None:
     p.add_argument("--port", type=int, default=8000, help="HTTP port (also serves /metrics)")
     p.add_argument("--served-model", action="append", default=[], metavar="NAME[=NAMESPACE]",
                    help="a model name clients may ask for, and the fleet namespace (a worker's "
-                        "--model-name) it goes to; repeatable (default: --model-name itself)")
+                        "--model-name) it goes to; repeatable (default: the model's own name, "
+                        "see --model, and --model-name itself)")
+    p.add_argument("--model", default=None, metavar="PATH",
+                   help="the workers' --model, only to name it (its folder or .gguf file name; "
+                        "default: the embedded SmolLM2-135M-Instruct); never loaded here")
     p.add_argument("--api-keys", default=os.environ.get("FLEET_API_KEYS_FILE"), metavar="FILE",
                    help="JSON {'keys': {KEY: TENANT}, 'quotas': {TENANT: {...}}}; keys may also "
                         "come from $FLEET_API_KEYS as KEY=TENANT,... (none: no auth, tenant "

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from shared import keys
 from shared import limits as L
+from shared.model_names import model_name_of
 
 
 @dataclass(frozen=True)
@@ -70,10 +71,13 @@ class GatewayOptions:
         return self.quotas.get(tenant, self.default_quota)
 
 
-def parse_served_models(specs: list[str], default_namespace: str) -> dict[str, str]:
-    """``["gpt=default", "smol"]`` -> ``{"gpt": "default", "smol": "smol"}``."""
+def parse_served_models(specs: list[str], default_namespace: str,
+                        model: str | None = None) -> dict[str, str]:
+    """``["gpt=default", "smol"]`` -> ``{"gpt": "default", "smol": "smol"}``. Without specs:
+    the model's own name (:func:`shared.model_names.model_name_of` of the workers'
+    ``--model``, ``SmolLM2-135M-Instruct`` for the embedded default) and the namespace."""
     if not specs:
-        return {default_namespace: default_namespace}
+        return {model_name_of(model): default_namespace, default_namespace: default_namespace}
     models = {}
     for spec in specs:
         name, _, namespace = spec.partition("=")
@@ -101,7 +105,8 @@ def load_keys(path: str | None, env_value: str | None) -> tuple[dict[str, str], 
 def options_from_args(args: argparse.Namespace) -> GatewayOptions:
     api_keys, quotas = load_keys(args.api_keys, os.environ.get("FLEET_API_KEYS"))
     return GatewayOptions(
-        redis_url=args.redis_url, models=parse_served_models(args.served_model, args.model_name),
+        redis_url=args.redis_url,
+        models=parse_served_models(args.served_model, args.model_name, getattr(args, "model", None)),
         api_keys=api_keys, quotas=quotas,
         default_quota=Quota(args.requests_per_minute, args.max_concurrent),
         max_queue=args.max_queue, retry_after_s=args.retry_after,

@@ -4,7 +4,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from producer.gateway.tools import as_tool_call, new_call_id
 from shared.protocol import Result, Token, TokenLogprob
+from shared.results import all_choices
 
 # The fleet's finish reasons in OpenAI's vocabulary: a deadline is a limit that cut the
 # answer ("length"); a cancelled request simply stopped ("stop").
@@ -41,15 +43,18 @@ class Renderer:
     """Builds the objects of one response; ``chat`` picks the chat or completions shape."""
 
     def __init__(self, *, chat: bool, response_id: str, model: str, names: TokenNames,
-                 logprobs: bool, include_usage: bool = False) -> None:
+                 logprobs: bool, include_usage: bool = False, tool: str | None = None) -> None:
         self.chat = chat
+        # A forced tool call (producer/gateway/tools.py): the text is the call's arguments.
+        self.tool, self._call_id, self._tool_open = tool, new_call_id(), set()
         self.include_usage = include_usage
         self.id = response_id
         self.model = model
         self.created = int(time.time())
         self.names = names
         self.logprobs = logprobs
-        self._offset = 0  # completions logprobs: text offset of the next token
+        self._offsets: dict[int, int] = {}  # completions logprobs: per choice, the next offset
+        self._opened: set[int] = {0}  # chat stream choices whose role was sent
 
     def _envelope(self, choices: list[dict], chunk: bool) -> dict[str, Any]:
         kind = ("chat.completion.chunk" if chunk else "chat.completion") if self.chat \
@@ -61,8 +66,8 @@ class Renderer:
         return body
 
     def _choice(self, text: str | None, logprobs: Any, finish: str | None, *,
-                chunk: bool, role: bool = False) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": 0}
+                chunk: bool, role: bool = False, index: int = 0) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": index}
         if self.chat and chunk:
             choice["delta"] = ({"role": "assistant"} if role else {}) | \
                 ({} if text is None else {"content": text})
@@ -72,23 +77,31 @@ class Renderer:
             choice["text"] = text or ""
         choice["logprobs"] = logprobs
         choice["finish_reason"] = finish
+        if self.tool is not None and self.chat:
+            as_tool_call(choice, self.tool, self._call_id, self._tool_open, chunk=chunk)
         return choice
 
     def first_chunk(self) -> dict[str, Any] | None:
-        """Chat streams open with the assistant role and empty content."""
+        """Chat streams open with the assistant role and empty content (choice 0; another
+        choice's first chunk carries its role)."""
+        self._opened = {0}
         return self._envelope([self._choice("", None, None, chunk=True, role=True)], True) \
             if self.chat else None
 
     def token_chunk(self, event: Token) -> dict[str, Any] | None:
-        logprobs = self._logprobs(event.logprobs or [])
-        if not event.text and logprobs is None:
+        logprobs = self._logprobs(event.logprobs or [], event.index)
+        role = event.index not in self._opened
+        if not event.text and logprobs is None and not role:
             return None
-        return self._envelope([self._choice(event.text, logprobs, None, chunk=True)], True)
+        self._opened.add(event.index)
+        return self._envelope([self._choice(event.text, logprobs, None, chunk=True, role=role,
+                                            index=event.index)], True)
 
     def final_chunk(self, result: Result) -> dict[str, Any]:
-        finish = FINISH_REASONS[result.finish_reason]
-        return self._envelope([self._choice(None if self.chat else "", None, finish, chunk=True)],
-                              True)
+        """Every choice's finish reason, in one chunk."""
+        return self._envelope([self._choice(None if self.chat else "", None,
+                                            FINISH_REASONS[c.finish_reason], chunk=True,
+                                            index=c.index) for c in all_choices(result)], True)
 
     def usage_chunk(self, result: Result) -> dict[str, Any]:
         body = self._envelope([], True)
@@ -96,17 +109,19 @@ class Renderer:
         return body
 
     def response(self, result: Result, tokens: list[Token]) -> dict[str, Any]:
-        """The whole (non-streaming) response."""
-        self._offset = 0
-        entries = [e for t in tokens for e in (t.logprobs or [])]
-        logprobs = self._logprobs(entries)
-        choice = self._choice(result.text, logprobs, FINISH_REASONS[result.finish_reason],
-                              chunk=False)
-        body = self._envelope([choice], False)
+        """The whole (non-streaming) response: a choice per sample, ``usage`` of them all."""
+        self._offsets = {}
+        choices = []
+        for c in all_choices(result):
+            entries = [e for t in tokens if t.index == c.index for e in (t.logprobs or [])]
+            choices.append(self._choice(c.text, self._logprobs(entries, c.index),
+                                        FINISH_REASONS[c.finish_reason], chunk=False,
+                                        index=c.index))
+        body = self._envelope(choices, False)
         body["usage"] = usage(result)
         return body
 
-    def _logprobs(self, entries: list[TokenLogprob]) -> dict[str, Any] | None:
+    def _logprobs(self, entries: list[TokenLogprob], index: int = 0) -> dict[str, Any] | None:
         if not self.logprobs:
             return None
         if self.chat:
@@ -114,8 +129,9 @@ class Renderer:
         tokens = [self.names(e.token_id) for e in entries]
         offsets = []
         for token in tokens:
-            offsets.append(self._offset)
-            self._offset += len(token)
+            offset = self._offsets.get(index, 0)
+            offsets.append(offset)
+            self._offsets[index] = offset + len(token)
         return {"tokens": tokens, "token_logprobs": [e.logprob for e in entries],
                 "top_logprobs": [{self.names(t): lp for t, lp in e.top} for e in entries],
                 "text_offset": offsets}

@@ -8,6 +8,8 @@ from typing import Any
 from producer.gateway.errors import invalid
 from producer.gateway.options import GatewayOptions
 from producer.gateway.schemas import ChatRequest, CompletionRequest, Message, _Sampling
+from producer.gateway.tools import structured_field
+from shared import limits as L
 
 _ROLES = {"developer": "system"}  # OpenAI's newer name for the system role
 
@@ -18,8 +20,9 @@ def new_id(prefix: str) -> str:
 
 
 def _refuse_unsupported(req: _Sampling) -> None:
-    if req.n != 1:
-        raise invalid(f"n={req.n} is not supported; only n=1", param="n", code="unsupported_value")
+    if req.n > L.MAX_N:
+        raise invalid(f"n={req.n} is more than the fleet's {L.MAX_N} choices per request",
+                      param="n", code="unsupported_value")
     if req.stream_options is not None and not req.stream:
         raise invalid("stream_options is only allowed with stream=true", param="stream_options")
 
@@ -35,7 +38,7 @@ def _common(req: _Sampling, options: GatewayOptions, max_tokens: int | None,
         "repetition_penalty": req.repetition_penalty, "min_tokens": req.min_tokens,
         "ignore_eos": req.ignore_eos, "stop_token_ids": list(req.stop_token_ids),
         "priority": options.lane, "deadline": time.time() + options.request_timeout_s,
-        "metadata": {"user": req.user} if req.user else {},
+        "metadata": {"user": req.user} if req.user else {}, "n": req.n,
     }
     if fields["min_tokens"] > fields["max_tokens"]:
         raise invalid("min_tokens must not exceed max_tokens", param="min_tokens")
@@ -49,8 +52,9 @@ def completion_fields(req: CompletionRequest, options: GatewayOptions) -> dict[s
         raise invalid("echo is not supported", param="echo", code="unsupported_value")
     if req.suffix:
         raise invalid("suffix is not supported", param="suffix", code="unsupported_value")
-    if req.best_of not in (None, 1):
-        raise invalid("best_of > 1 is not supported", param="best_of", code="unsupported_value")
+    if req.best_of not in (None, 1, req.n):  # best_of == n: every sample is returned
+        raise invalid("best_of other than n is not supported", param="best_of",
+                      code="unsupported_value")
     fields = _common(req, options, req.max_tokens, 16)  # OpenAI's completions default
     fields.update(_prompt(req.prompt))
     if req.logprobs is not None:
@@ -76,16 +80,14 @@ def _prompt(prompt: str | list) -> dict[str, Any]:
 def chat_fields(req: ChatRequest, options: GatewayOptions) -> dict[str, Any]:
     """Fleet fields of a ``/v1/chat/completions`` request."""
     _refuse_unsupported(req)
-    if req.tools:
-        raise invalid("tools are not supported", param="tools", code="unsupported_value")
-    if req.response_format and req.response_format.get("type", "text") != "text":
-        raise invalid("only response_format type 'text' is supported", param="response_format",
-                      code="unsupported_value")
+    structured = structured_field(req)   # response_format, or a forced tool call (tools.py)
     if req.top_logprobs is not None and not req.logprobs:
         raise invalid("top_logprobs requires logprobs=true", param="top_logprobs")
     max_tokens = req.max_completion_tokens or req.max_tokens
     fields = _common(req, options, max_tokens, options.default_max_tokens)
     fields["messages"] = [_message(m, i) for i, m in enumerate(req.messages)]
+    if structured is not None:
+        fields["structured"] = structured
     if req.logprobs:
         fields["logprobs"] = req.top_logprobs or 0
     if req.metadata:

@@ -48,7 +48,8 @@ def test_same_request_id_twice_generates_once(workers, redis_server, r):
         assert r.xlen(keys.stream_key("default", "default", "default")) == 2
         workers.start()
         a, b = first.result(timeout=60), second.result(timeout=60)
-        third = fleet.generate(request_id="dup-1", prompt_token_ids=PROMPT, max_tokens=30)
+        third = fleet.generate(request_id="dup-1", prompt_token_ids=PROMPT, max_tokens=30,
+                               temperature=0.0, ignore_eos=True)  # the same request (id_conflict else)
     assert a.token_ids == b.token_ids == third.token_ids
     assert r.hget(keys.state_key("default", "dup-1"), "fence") == b"1"  # begun once
     assert r.llen(keys.progress_key("default", "dup-1")) == 30  # one event per token

@@ -28,7 +28,7 @@ def _error(reply: httpx.Response, status: int) -> dict:
     ({"model": "smol", "messages": []}, "messages", "length >= 1"),
     ({"model": "smol", "messages": CHAT, "temperature": 3}, "temperature", "<= 2.0"),
     ({"model": "smol", "messages": CHAT, "temperature": "hot"}, "temperature", "Expected `float`"),
-    ({"model": "smol", "messages": CHAT, "n": 3}, "n", "n=3 is not supported"),
+    ({"model": "smol", "messages": CHAT, "n": 17}, "n", "n=17 is more than the fleet's 16"),
     ({"model": "smol", "messages": [{"role": "user"}], "max_tokens": 0}, "max_tokens", ">= 1"),
     ({"model": "smol", "messages": [{"role": "robot", "content": "x"}]}, "messages[0].role",
      "Invalid enum value 'robot'"),
@@ -52,7 +52,7 @@ def test_invalid_json_and_unknown_model(gateway_url):
 
 def test_openai_client_sees_typed_errors(openai_client):
     with pytest.raises(openai.BadRequestError) as exc:
-        openai_client.chat.completions.create(model="smol", messages=CHAT, n=3)
+        openai_client.chat.completions.create(model="smol", messages=CHAT, n=17)
     assert exc.value.body["param"] == "n"
     with pytest.raises(openai.NotFoundError):
         openai_client.completions.create(model="nope", prompt="x")
