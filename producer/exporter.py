@@ -67,6 +67,7 @@ class QueueCollector:
         self.ensure = ensure
         self.max_tenants = max_tenants
         self._lock = threading.Lock()  # one scrape at a time hits Redis
+        self._dead: dict[str, int] = {}  # model -> dead-letter stream length at the last scrape
 
     async def _reports(self) -> list[dict]:
         client = await connect.async_client(self.redis_url, decode_responses=True)
@@ -94,10 +95,23 @@ class QueueCollector:
             return
         up.add_metric([], 1)
         yield up
+        self._log_new_dead_letters(reports)
         yield from families(reports, self.max_tenants)
         took = GaugeMetricFamily("fleet:exporter_scrape_seconds", "Time to read the queue")
         took.add_metric([], time.perf_counter() - started)
         yield took
+
+
+    def _log_new_dead_letters(self, reports: list[dict]) -> None:
+        """One line per scrape that finds the dead-letter stream longer than the last one."""
+        for report in reports:
+            model, now = report["model"], report["dead_letters"]
+            before = self._dead.get(model)
+            self._dead[model] = now
+            if before is not None and now > before:
+                logger.warning("%d new dead letters of %s (%d in %s)", now - before, model, now,
+                               keys.dead_letter_key(model),
+                               extra={"model_name": model, "new_dead_letters": now - before})
 
 
 def bounded(report: dict, max_tenants: int) -> dict[str, dict[str, dict]]:

@@ -177,3 +177,18 @@ def test_a_real_worker_logs_json_stats_rejections_and_dead_letters(workers, redi
     assert by_id["mal-1"]["code"] == "malformed" and by_id["mal-1"]["level"] == "warning"
     (dead,) = r.xrange(keys.dead_letter_key("default"))
     assert dead[1][b"code"] == b"malformed"  # the typo is not a dead letter
+
+
+def test_the_exporter_logs_new_dead_letters_once_per_scrape(redis_server, r, log_stream):
+    from producer.exporter import QueueCollector
+
+    buf = log_stream("json")
+    collector = QueueCollector(redis_server.url, ["default"])
+    list(collector.collect())  # the first scrape only learns the length
+    for i in range(3):
+        r.xadd(keys.dead_letter_key("default"), {"code": "poison", "n": i})
+    list(collector.collect())
+    list(collector.collect())  # nothing new: no line
+    (line,) = [x for x in _json_lines(buf.getvalue()) if x["logger"] == "producer.exporter"]
+    assert line["level"] == "warning" and line["new_dead_letters"] == 3
+    assert line["msg"] == "3 new dead letters of default (3 in fleet:default:dead)"
