@@ -14,6 +14,7 @@ export const MAX_STOP_STRINGS = 16;
 export const MAX_STOP_STRING_CHARS = 256;
 export const MAX_STOP_TOKEN_IDS = 64;
 export const MAX_LOGPROBS = 20;
+export const MAX_N = 16;
 export const MAX_METADATA_ITEMS = 32;
 export const MAX_METADATA_KEY_CHARS = 64;
 export const MAX_METADATA_VALUE_CHARS = 1024;

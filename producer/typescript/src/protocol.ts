@@ -46,6 +46,8 @@ export interface RequestFields {
   metadata?: Record<string, string>;
   /** Unix seconds, for `timings.queued_s` (set by the client). */
   submitted_at?: number | null;
+  /** Samples (choices) of this prompt, 1 .. 16; they share its KV blocks. */
+  n?: number;
   v?: 1;
 }
 
@@ -69,6 +71,8 @@ export interface TokenEvent {
   /** The text these tokens completed (may be empty while a character or stop string is pending). */
   text: string;
   logprobs?: TokenLogprob[] | null;
+  /** The choice these tokens belong to (0 unless the request has n > 1); `seq` counts per choice. */
+  index?: number;
 }
 
 export type FinishReason = "stop" | "length" | "cancelled" | "timeout";
@@ -97,6 +101,17 @@ export interface ResultEvent {
   timings: Timings;
   worker_id?: string;
   num_resumes?: number;
+  /** Every choice, in index order, when the request had n > 1 (the top level is choice 0). */
+  choices?: Choice[] | null;
+}
+
+/** One sample of a request with n > 1. */
+export interface Choice {
+  index: number;
+  finish_reason: FinishReason;
+  stop_reason?: string | number | null;
+  text: string;
+  token_ids: number[];
 }
 
 /** Failure codes set by the fleet itself; the engine adds its validation codes (`prompt_too_long`, ...). */
@@ -108,6 +123,7 @@ export const FAILURE_CODES = [
   "poison",
   "internal",
   "tenant_mismatch",
+  "id_conflict",
 ] as const;
 export type FailureCode = (typeof FAILURE_CODES)[number] | (string & {});
 

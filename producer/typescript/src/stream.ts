@@ -154,7 +154,7 @@ export class RequestStream implements AsyncIterable<TokenEvent> {
     const event = this.decode(delivery);
     if (event === null) return;
     if (event.type === "token") {
-      if (event.seq > this.nextSeq) await this.tryRecover(); // a gap: the progress has it
+      if ((event.index ?? 0) === 0 && event.seq > this.nextSeq) await this.tryRecover(); // a gap: the progress has it
       this.take(event);
     } else {
       if (event.type === "result" && event.token_ids.length > this.nextSeq) await this.tryRecover();
@@ -189,6 +189,7 @@ export class RequestStream implements AsyncIterable<TokenEvent> {
   }
 
   private take(event: TokenEvent): void {
+    if ((event.index ?? 0) !== 0) return; // this stream yields choice 0; the result holds every choice
     if (event.seq !== this.nextSeq) return; // a copy already taken (or, after a failed recovery, still missing)
     this.tokenIds.push(...event.token_ids);
     this.text += event.text;

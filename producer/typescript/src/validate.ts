@@ -47,6 +47,7 @@ export const REQUEST_FIELDS: Record<string, Spec> = {
   deadline: { kind: "num", min: 0, max: L.MAX_UNIX_TIME, exclusiveMin: true, nullable: true },
   metadata: { kind: "map", maxItems: L.MAX_METADATA_ITEMS, keyMax: L.MAX_METADATA_KEY_CHARS, valueMax: L.MAX_METADATA_VALUE_CHARS },
   submitted_at: { kind: "num", min: 0, max: L.MAX_UNIX_TIME, nullable: true },
+  n: { kind: "int", min: 1, max: L.MAX_N },
 };
 
 const ROLES = ["system", "user", "assistant", "tool"];
