@@ -6,7 +6,7 @@ Two input formats, told apart per file by its first line:
   ``request_id`` optional: without one the id is a digest of the line alone). Output:
   ``{"line": n, "request_id": ..., "result": {...}}`` or ``{..., "failure": {...}}``.
 - **OpenAI Batch** (``{"custom_id", "method", "url", "body"}``, as vLLM's ``run-batch``
-  takes): output lines are OpenAI Batch output lines (:mod:`producer.openai_batch`).
+  takes): output lines are OpenAI Batch output lines (:mod:`producer.gateway.openai_batch`).
 
 Lines come out in completion order, or in input order with ``--ordered``. A rerun skips the
 lines already in OUT, and lines in flight when a run was interrupted are picked up again
@@ -23,7 +23,8 @@ import sys
 import msgspec
 from redis.exceptions import RedisClusterException, RedisError
 
-from producer import batch_io, openai_batch
+from producer import batch_io
+from producer.gateway import openai_batch
 from producer.batch_progress import Progress
 from producer.client import AsyncFleetClient
 from producer.errors import RequestFailed
@@ -92,22 +93,32 @@ async def _pipeline(args, fleet, fmt: str, progress: Progress, done) -> None:
             progress.add(tokens, failed)
 
         tasks, seq = [], 0
-        for job in batch_io.jobs(args.input, fmt, tenant=args.tenant, lane=args.lane,
-                                 errors=errors):
-            while errors:
-                number, message = errors.pop()
-                logger.error("line %d is not a valid request, skipped: %s", number, message)
-                progress.total -= 1
-                progress.failed += 1
-            if done[job.key] > 0:
-                done[job.key] -= 1
-                continue
-            await window.acquire()
-            if fatal:
-                raise fatal[0]
-            tasks.append(asyncio.create_task(one(seq, job)))
-            seq += 1
-        await asyncio.gather(*tasks)
+        try:
+            for job in batch_io.jobs(args.input, fmt, tenant=args.tenant, lane=args.lane,
+                                     errors=errors):
+                _skip_invalid(errors, progress)
+                if done[job.key] > 0:
+                    done[job.key] -= 1
+                    continue
+                await window.acquire()
+                if fatal:
+                    raise fatal[0]
+                tasks.append(asyncio.create_task(one(seq, job)))
+                seq += 1
+            _skip_invalid(errors, progress)
+            await asyncio.gather(*tasks)
+        finally:  # interrupted or failed: no line task outlives the client's connection
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _skip_invalid(errors: list, progress: Progress) -> None:
+    while errors:
+        number, message = errors.pop()
+        logger.error("line %d is not a valid request, skipped: %s", number, message)
+        progress.total -= 1
+        progress.failed += 1
 
 
 async def run_batch(args: argparse.Namespace, state: dict | None = None) -> int:

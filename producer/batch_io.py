@@ -13,7 +13,7 @@ from typing import Any, TextIO
 
 import msgspec
 
-from producer import openai_batch
+from producer.gateway import openai_batch
 from producer.gateway.errors import GatewayError, invalid
 from shared.protocol import Request
 

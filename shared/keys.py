@@ -119,3 +119,40 @@ def request_keys(tenant: str, request_id: str) -> list[str]:
     """The KEYS of every per-request script, in the order the scripts expect."""
     return [state_key(tenant, request_id), progress_key(tenant, request_id),
             cancel_key(tenant, request_id), channel(tenant, request_id)]
+
+
+# The gateway's OpenAI Files and Batches (``/v1/files``, ``/v1/batches``): all of one tenant's
+# under its hash tag, so each script and transaction stays in one Redis Cluster slot.
+_OBJECT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,63}$(?!\n)")
+
+
+def _object_id(object_id: str) -> str:
+    if not _OBJECT_ID_RE.match(object_id):
+        raise ValueError(f"invalid file or batch id {object_id!r}")
+    return object_id
+
+
+def files_key(tenant: str) -> str:
+    """Sorted set: a tenant's file ids by creation time."""
+    return f"{PREFIX}:files:{tenant_tag(tenant)}"
+
+
+def file_key(tenant: str, file_id: str, part: str = "meta") -> str:
+    """``meta``: string, the file object JSON; ``lines``: list, the file's lines (TTL both)."""
+    return f"{PREFIX}:files:{tenant_tag(tenant)}:{_object_id(file_id)}:{part}"
+
+
+def batches_key(tenant: str) -> str:
+    """Sorted set: a tenant's batch ids by creation time."""
+    return f"{PREFIX}:batches:{tenant_tag(tenant)}"
+
+
+def active_batches_key(tenant: str) -> str:
+    """Set: the tenant's batches not yet finished (what a gateway's runner picks up)."""
+    return f"{PREFIX}:batches:{tenant_tag(tenant)}:active"
+
+
+def batch_key(tenant: str, batch_id: str, part: str = "state") -> str:
+    """``state``: hash (status, counts, times, the batch's fixed fields); ``done``: set of
+    the input line numbers answered; ``lease``: string, the runner that holds the batch."""
+    return f"{PREFIX}:batches:{tenant_tag(tenant)}:{_object_id(batch_id)}:{part}"

@@ -15,7 +15,7 @@ from starlette.routing import Route
 
 from producer.client import AsyncFleetClient, encode_request
 from producer.errors import PayloadTooLarge
-from producer.gateway import errors, schemas, translate
+from producer.gateway import batches, errors, schemas, translate
 from producer.gateway.handlers import EXCEPTION_HANDLERS, Guard
 from producer.gateway.options import GatewayOptions
 from producer.gateway.redact import redact
@@ -147,7 +147,9 @@ def create_app(options: GatewayOptions) -> Starlette:
         app.state.started = int(time.time())
         logger.info("gateway serving %s from %s", sorted(options.models),
                     redact(options.redis_url))
+        batches.start_runner(app)  # /v1/files + /v1/batches: producer/gateway/batches.py
         yield
+        await batches.stop_runner(app)
         await app.state.gateway.close()
 
     routes = [Route("/v1/chat/completions", chat_completions, methods=["POST"]),
@@ -155,6 +157,7 @@ def create_app(options: GatewayOptions) -> Starlette:
               Route("/v1/models", models, methods=["GET"]),
               Route("/health", health, methods=["GET"]),
               Route("/ready", ready, methods=["GET"])]
+    routes += batches.ROUTES
     app = Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(Guard)],
                     exception_handlers=EXCEPTION_HANDLERS)
     # A near-miss path is a 404 in the OpenAI shape, not an empty 307 to another URL (the

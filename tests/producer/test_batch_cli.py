@@ -90,7 +90,7 @@ def test_interrupt_says_how_to_resume_and_the_rerun_finishes(workers, redis_serv
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, err
-    assert "Traceback" not in err
+    assert "Traceback" not in err, err
     written = out.read_text().count("\n")
     assert f"interrupted: {written}/10 written; rerun the same command to resume" in err
     assert written < 10

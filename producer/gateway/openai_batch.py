@@ -17,10 +17,11 @@ from typing import Any
 import msgspec
 
 from producer.errors import RequestFailed
-from producer.gateway import schemas, translate
+from producer.gateway.schemas import ChatRequest, CompletionRequest, decode
 from producer.gateway.errors import GatewayError, from_failure, invalid
 from producer.gateway.options import GatewayOptions
 from producer.gateway.render import Renderer, TokenNames
+from producer.gateway.translate import chat_fields, completion_fields
 
 ENDPOINTS = {"/v1/chat/completions": True, "/v1/completions": False}  # url -> is chat
 _BATCH_OPTIONS = GatewayOptions(redis_url="", lane="batch")
@@ -73,12 +74,11 @@ def parse(obj: Any, options: GatewayOptions = _BATCH_OPTIONS) -> BatchLine:
     if not isinstance(body, dict):
         raise invalid("body must be a JSON object", param="body")
     chat = ENDPOINTS[url]
-    req = schemas.decode(msgspec.json.encode(body),
-                         schemas.ChatRequest if chat else schemas.CompletionRequest)
+    req = decode(msgspec.json.encode(body), ChatRequest if chat else CompletionRequest)
     if req.stream:
         raise invalid("stream is not supported in a batch", param="body.stream",
                       code="unsupported_value")
-    fields = (translate.chat_fields if chat else translate.completion_fields)(req, options)
+    fields = (chat_fields if chat else completion_fields)(req, options)
     fields["priority"] = "batch"
     fields["deadline"] = None  # a batch line may wait behind interactive lanes for hours
     return BatchLine(custom_id=custom_id, url=url, model=req.model, fields=fields)
@@ -114,6 +114,8 @@ async def run_line(client, line: BatchLine, request_id: str, names: TokenNames) 
         result = await stream.result()
     except RequestFailed as exc:
         return refused_line(line.custom_id, from_failure(exc.failure))
+    if result.finish_reason == "cancelled":
+        return error_line(line.custom_id, "batch_cancelled", "the request was cancelled")
     logprobs = request.logprobs is not None
     tokens = await client.get_progress(request_id, request.tenant) if logprobs else []
     renderer = Renderer(chat=line.chat, response_id=request_id, model=line.model, names=names,
