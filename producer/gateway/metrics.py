@@ -5,12 +5,17 @@ gateway shapes included); ``fleet:gateway_request_duration_seconds{route,method}
 time from the request's arrival to the end of its answer (for a stream: its last event);
 ``fleet:gateway_requests_in_flight{route}`` is what is being answered now. ``route`` is the
 matched route's path template (``/v1/chat/completions``), or ``other`` for a path that
-matches none, so label values stay bounded whatever clients send. Each app has its own
+matches none, so label values stay bounded whatever clients send. Every error answer also
+gets a log line (``request failed``: route, method, status and the OpenAI error's ``code``;
+info for a 4xx, warning for a 5xx), rate-limited as the worker's are
+(:class:`shared.logs.RateLimiter`). Each app has its own
 registry (never the process-global one). The text format is always the classic one, so
 the ``fleet:`` names keep their colons (as the exporter's do).
 """
 from __future__ import annotations
 
+import json
+import logging
 import time
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
@@ -20,9 +25,13 @@ from starlette.responses import Response
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from shared.logs import RateLimiter
+
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
            300.0, 600.0)
 OTHER = "other"
+logger = logging.getLogger("producer.gateway.requests")
+LIMITER = RateLimiter(burst=20, per_s=1.0)
 
 
 class GatewayMetrics:
@@ -64,11 +73,15 @@ class MetricsMiddleware:
         route, method = route_of(scope), scope.get("method", "GET")
         status = 500  # unless the app answers
         started = time.perf_counter()
+        logged = False
 
         async def counting_send(message: Message) -> None:
-            nonlocal status
+            nonlocal status, logged
             if message["type"] == "http.response.start":
                 status = message["status"]
+            elif message["type"] == "http.response.body" and status >= 400 and not logged:
+                logged = True
+                _log_error(route, method, status, message.get("body", b""))
             await send(message)
 
         gauge = self.metrics.in_flight.labels(route)
@@ -79,6 +92,16 @@ class MetricsMiddleware:
             gauge.dec()
             self.metrics.requests.labels(route, method, str(status)).inc()
             self.metrics.duration.labels(route, method).observe(time.perf_counter() - started)
+
+
+def _log_error(route: str, method: str, status: int, body: bytes) -> None:
+    try:
+        code = json.loads(body)["error"]["code"]
+    except Exception:  # noqa: BLE001 - not an OpenAI-shaped body: no code
+        code = None
+    level = logging.WARNING if status >= 500 else logging.INFO
+    LIMITER.log(logger, level, f"{status // 100}xx", "request failed: %s %s -> %d %s", method,
+                route, status, code or "", route=route, method=method, status=status, code=code)
 
 
 async def metrics_endpoint(request: HttpRequest) -> Response:
