@@ -17,6 +17,7 @@ from producer.client import AsyncFleetClient, encode_request
 from producer.errors import PayloadTooLarge
 from producer.gateway import batches, errors, schemas, translate
 from producer.gateway.handlers import EXCEPTION_HANDLERS, Guard
+from producer.gateway.metrics import GatewayMetrics, MetricsMiddleware, metrics_endpoint
 from producer.gateway.options import GatewayOptions
 from producer.gateway.redact import redact
 from producer.gateway.render import Renderer
@@ -156,11 +157,15 @@ def create_app(options: GatewayOptions) -> Starlette:
               Route("/v1/completions", completions, methods=["POST"]),
               Route("/v1/models", models, methods=["GET"]),
               Route("/health", health, methods=["GET"]),
-              Route("/ready", ready, methods=["GET"])]
+              Route("/ready", ready, methods=["GET"]),
+              Route("/metrics", metrics_endpoint, methods=["GET"])]  # ops: gateway/metrics.py
     routes += batches.ROUTES
-    app = Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(Guard)],
+    metrics = GatewayMetrics()
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    middleware=[Middleware(MetricsMiddleware, metrics=metrics), Middleware(Guard)],
                     exception_handlers=EXCEPTION_HANDLERS)
     # A near-miss path is a 404 in the OpenAI shape, not an empty 307 to another URL (the
     # OpenAI API does not redirect either); Starlette offers no constructor flag for it.
     app.router.redirect_slashes = False
+    app.state.metrics = metrics
     return app
