@@ -102,3 +102,26 @@ def test_two_different_requests_queued_under_one_id_one_wins_the_other_conflicts
         with pytest.raises(IdConflict):
             list(second)
             second.result(timeout=60)
+
+
+def test_a_choice_ended_before_a_kill_stays_ended_and_the_others_resume(workers, redis_server, r):
+    procs = {w.worker_id: w for w in (workers.start(), workers.start())}
+    long = dict(SAMPLED, max_tokens=1500)
+    with FleetClient(redis_server.url) as fleet:
+        probe = [c.token_ids for c in fleet.generate(request_id="probe", n=3, timeout=120, **long).choices]
+        # A token early in choice 1 that choices 0 and 2 never sample: a stop for choice 1 alone.
+        stop = next((t for t in probe[1][2:40] if t not in probe[0] and t not in probe[2]), None)
+        if stop is None:
+            pytest.skip("no token separates the choices of this seed")
+        reference = fleet.generate(request_id="ref", n=3, stop_token_ids=[stop], timeout=120, **long)
+        assert reference.choices[1].finish_reason == "stop" and len(reference.choices[0].token_ids) == 1500
+        stream = fleet.submit(request_id="victim", n=3, stop_token_ids=[stop], **long)
+        state = keys.state_key("default", "victim")
+        wait_until(lambda: r.hexists(state, "choice:1"), timeout=60, what="choice 1 ended and stored")
+        owner = r.hget(state, "owner").decode().split("#")[0]
+        procs[owner].signal(signal.SIGKILL)
+        tokens = list(stream)
+        result = stream.result(timeout=120)
+    assert result.worker_id != owner and result.num_resumes == 1
+    assert result.choices == reference.choices
+    assert _by_choice(tokens) == {c.index: c.token_ids for c in reference.choices}
