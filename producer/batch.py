@@ -21,14 +21,13 @@ import logging
 import sys
 
 import msgspec
-from redis.exceptions import RedisClusterException, RedisError
 
 from producer import batch_io
 from producer.gateway import openai_batch
 from producer.batch_progress import Progress
+from producer.cli_errors import EXIT_FILE, REDIS_ERRORS, redis_failed
 from producer.client import AsyncFleetClient
 from producer.errors import RequestFailed
-from producer.gateway.redact import redact
 from producer.gateway.render import TokenNames
 
 logger = logging.getLogger(__name__)
@@ -150,13 +149,11 @@ def run(args: argparse.Namespace) -> int:
             progress.end()
         sys.stderr.write(f"interrupted: {where} written; rerun the same command to resume\n")
         return 130
-    except (RedisError, RedisClusterException) as exc:
-        sys.stderr.write(f"fleet batch: Redis at {redact(args.redis_url)}: "
-                         f"{type(exc).__name__}: {redact(str(exc))}\n")
-        return 3
+    except REDIS_ERRORS as exc:
+        return redis_failed("batch", args.redis_url, exc)
     except OSError as exc:
         sys.stderr.write(f"fleet batch: {exc.filename or ''}: {exc.strerror or exc}\n")
-        return 2
+        return EXIT_FILE
     except batch_io.BadOutput as exc:
         sys.stderr.write(f"fleet batch: {exc}\n")
-        return 2
+        return EXIT_FILE

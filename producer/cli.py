@@ -32,7 +32,7 @@ def add_common(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from producer import batch, demo, exporter, gateway, status, tenants_cli
+    from producer import batch, dead, demo, exporter, gateway, status, tenants_cli
 
     parser = cliargs.Parser(prog="fleet", description="LLM inference fleet fed by Redis")
     cliargs.add_version(parser)  # the installed package's version
@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tenant", default="default", help="the tenant's own stream")
     p.add_argument("--timeout", type=float, default=None, help="deadline, seconds from now")
     p.set_defaults(_run=run_submit)
-    for module in (batch, status, demo, gateway, exporter, tenants_cli):
+    for module in (batch, status, dead, demo, gateway, exporter, tenants_cli):
         module.add_parser(sub, add_common)
     parser.add_argument("-v", "--verbose", action="store_true")
     sub.add_parser("worker", help="run a worker (engine side)")

@@ -14,6 +14,8 @@ import time
 
 from redis.exceptions import ResponseError
 
+from producer.cli_errors import REDIS_ERRORS, redis_failed
+
 from shared import connect, keys, tenants
 from shared.tenants import TenantConfig
 
@@ -94,8 +96,19 @@ async def _workers(client, model: str) -> dict:
     for worker_id, _ in seen:
         pipe.hgetall(keys.worker_key(model, worker_id))
     infos = await pipe.execute() if seen else []
-    return {worker_id: {"alive": bool(info), "last_seen_s": round(now - last, 1), **info}
+    return {worker_id: {"alive": bool(info), "last_seen_s": round(now - last, 1),
+                        **{k: _number(v) for k, v in info.items()}}
             for (worker_id, last), info in zip(seen, infos)}
+
+
+def _number(value: str) -> int | float | str:
+    """A worker's status field as the number it is (Redis hashes hold strings)."""
+    for kind in (int, float):
+        try:
+            return kind(value)
+        except ValueError:
+            pass
+    return value
 
 
 async def collect_from(client, model: str, registry=None) -> dict:
@@ -106,6 +119,9 @@ async def collect_from(client, model: str, registry=None) -> dict:
               "invalid_tenants": sorted(bad)}
     report["dead_letters"] = await client.xlen(keys.dead_letter_key(model))
     report["workers"] = await _workers(client, model)
+    report["known"] = bool(report["workers"] or report["dead_letters"] or report["legacy"]
+                           or any(s["length"] or s["consumers"]
+                                  for s in report["streams"].values()))
     return report
 
 
@@ -134,14 +150,24 @@ def render(report: dict) -> str:
     if report["invalid_tenants"]:
         lines.append(f"  invalid registry entries (ignored): {', '.join(report['invalid_tenants'])}")
     lines.append(f"  dead letters: {report['dead_letters']}")
-    lines.append("  worker                          alive  running  waiting  kv_usage  last_seen")
+    lines.append("  worker                          alive  draining  running  waiting  kv_usage"
+                 "  last_seen")
     for worker_id, w in report["workers"].items():
-        lines.append(f"  {worker_id:<32}{'yes' if w['alive'] else 'no':<7}{w.get('running', '-'):>7}"
-                     f"{w.get('waiting', '-'):>9}{w.get('kv_usage', '-'):>10}{w['last_seen_s']:>10}s")
+        draining = {1: "yes", 0: "no"}.get(w.get("draining"), "-")
+        lines.append(f"  {worker_id:<32}{'yes' if w['alive'] else 'no':<7}{draining:<9}"
+                     f"{w.get('running', '-'):>8}{w.get('waiting', '-'):>9}"
+                     f"{w.get('kv_usage', '-'):>10}{w['last_seen_s']:>10}s")
     return "\n".join(lines) + "\n"
 
 
 def run(args: argparse.Namespace) -> int:
-    report = asyncio.run(collect(args.redis_url, args.model_name))
+    """Exit 0; 3 (one line on stderr) when Redis cannot be read."""
+    try:
+        report = asyncio.run(collect(args.redis_url, args.model_name))
+    except REDIS_ERRORS as exc:
+        return redis_failed("status", args.redis_url, exc)
+    if not report["known"]:
+        sys.stderr.write(f"warning: nothing under the model namespace {args.model_name!r} (no "
+                         "worker, stream or dead letter); is --model-name right?\n")
     sys.stdout.write(json.dumps(report, indent=2) + "\n" if args.json else render(report))
     return 0

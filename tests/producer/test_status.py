@@ -49,7 +49,7 @@ def _check(report: dict) -> None:
         "high": {"length": 2, "lag": 2, "pending": 0, "consumers": 0},
         "default": {"length": 3, "lag": 2, "pending": 1, "consumers": 1},
         "batch": {"length": 1, "lag": 1, "pending": 0, "consumers": 0}}
-    assert report["workers"]["w1"]["alive"] and report["workers"]["w1"]["running"] == "1"
+    assert report["workers"]["w1"]["alive"] and report["workers"]["w1"]["running"] == 1
 
 
 def test_backlog_per_tenant_and_lane(redis_server, r, capsys):
