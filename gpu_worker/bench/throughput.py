@@ -21,7 +21,8 @@ from pathlib import Path
 import torch
 
 from gpu_worker.bench.baselines import hf_continuous, load_hf_model, matmul_peak_gflops, naive_static
-from gpu_worker.bench.workload import WorkItem, mixed_workload
+from gpu_worker.bench.pictures import machine, plot_throughput, throughput_title
+from gpu_worker.bench.workload import STRUCTURED_SCHEMA, WorkItem, mixed_workload
 from gpu_worker.model.ops import onednn
 from gpu_worker.model.config import ModelConfig
 
@@ -37,6 +38,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--skip-baselines", action="store_true", help="engine only (quick look)")
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--max-num-batched-tokens", type=int, default=1024)
+    p.add_argument("--structured", action="store_true",
+                   help="also run the engine with a JSON Schema on every request (engine_structured_tok_s)")
     p.add_argument("--no-ablate-onednn", dest="ablate_onednn", action="store_false",
                    help="skip the second engine run with oneDNN packing off (engine_mkl_tok_s)")
     p.add_argument("--no-ablate-kernels", dest="ablate_kernels", action="store_false",
@@ -50,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     result = {"requests": len(items), "seed": args.seed, "model": llm.engine.model_dir.name,
               "torch": torch.__version__, "threads": torch.get_num_threads(), "machine": platform.machine(),
               "prompt_tokens": sum(len(i.prompt_token_ids) for i in items),
-              "output_tokens": sum(i.max_tokens for i in items)}
+              "output_tokens": sum(i.max_tokens for i in items), **machine()}
     peaks = matmul_peak_gflops()
     peak = peaks["peak"]
     flops = workload_flops(llm.engine.model_config, items)
@@ -59,6 +62,11 @@ def run(args: argparse.Namespace) -> int:
     engine_s, engine_out = _run_engine(llm, items)
     result["engine_s"], result["engine_tok_s"] = engine_s, result["output_tokens"] / engine_s
     logger.info("engine: %.1f tok/s", result["engine_tok_s"])
+    if args.structured:   # side by side on the same engine: the grammar's cost alone
+        seconds, _ = _run_engine(llm, items, structured=True)
+        result["engine_structured_tok_s"] = result["output_tokens"] / seconds
+        result["structured_vs_unconstrained"] = result["engine_structured_tok_s"] / result["engine_tok_s"]
+        logger.info("engine, a JSON Schema on every request: %.1f tok/s", result["engine_structured_tok_s"])
     model_dir = llm.engine.model_dir
     result["engine_ops"] = llm.engine.model.ops.name
     del llm
@@ -122,14 +130,22 @@ def workload_flops(cfg: ModelConfig, items: list[WorkItem]) -> float:
     return total
 
 
-def _run_engine(llm, items: list[WorkItem]) -> tuple[float, list[list[int]]]:
+def _run_engine(llm, items: list[WorkItem], structured: bool = False) -> tuple[float, list[list[int]]]:
+    """Seconds for the workload, and its outputs. ``structured``: every request constrained
+    by STRUCTURED_SCHEMA (compiled in the warm-up, as a worker's cache would hold it)."""
     from gpu_worker.sampling_params import SamplingParams
+    from gpu_worker.structured import StructuredSpec
 
-    params = [SamplingParams(temperature=0, max_tokens=i.max_tokens, ignore_eos=True) for i in items]
-    llm.generate([items[0].prompt_token_ids[:8]], SamplingParams(temperature=0, max_tokens=2))  # warm-up
+    spec = StructuredSpec.json_schema(STRUCTURED_SCHEMA) if structured else None
+    params = [SamplingParams(temperature=0, max_tokens=i.max_tokens, ignore_eos=not structured, structured=spec)
+              for i in items]
+    llm.generate([items[0].prompt_token_ids[:8]], SamplingParams(temperature=0, max_tokens=2, structured=spec))
     t0 = time.perf_counter()
     outs = llm.generate([i.prompt_token_ids for i in items], params)
-    return time.perf_counter() - t0, [o.token_ids for o in outs]
+    seconds = time.perf_counter() - t0
+    if any(len(o.token_ids) != i.max_tokens for o, i in zip(outs, items)):
+        raise RuntimeError("an output ended before max_tokens: the comparison would not be like for like")
+    return seconds, [o.token_ids for o in outs]
 
 
 def _useful(outputs: list[list[int]]) -> int:
@@ -142,27 +158,12 @@ def _agreement(a: list[list[int]], b: list[list[int]]) -> float:
 
 
 def _plot(result: dict, path: Path) -> None:
+    """One run's picture, titled with the CPU, date and load it ran under (bench/pictures.py)."""
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plot_throughput([result], cpu=result["cpu"], date=result["date"], path=path,
+                        title=throughput_title(result), limit=result.get("compute_limit_tok_s"),
+                        load=result["load_avg"])
     except ImportError:
         logger.warning("matplotlib not installed: no plot")
         return
-    bars = [("naive_static_tok_s", "transformers\nstatic batches of 8", "#999"),
-            ("hf_continuous_tok_s", "transformers\ncontinuous batching", "#777"),
-            ("engine_mkl_tok_s", "this engine,\ntorch matmuls", "#8c8"),
-            ("engine_torch_ops_tok_s", "this engine,\nno C kernels", "#6b6"),
-            ("engine_tok_s", "this engine", "#2a7"),
-            ("compute_limit_tok_s", "compute limit\n(FLOPs / matmul peak)", "#ccc")]
-    bars = [b for b in bars if b[0] in result]
-    fig, ax = plt.subplots(figsize=(10, 4.5))
-    bars = ax.bar([b[1] for b in bars], [result[b[0]] for b in bars], color=[b[2] for b in bars])
-    ax.bar_label(bars, fmt="%.1f")
-    ax.set_ylabel("useful output tokens / s")
-    ax.set_title(f"{result['model']}, {result['requests']} mixed-length requests, "
-                 f"{result['threads']} CPU threads, fp32")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    logger.info("plot written to %s", path)
+    logger.info("plot written to %s (several runs of one machine: docs/bench/throughput-runs.json)", path)

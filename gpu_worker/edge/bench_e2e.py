@@ -9,6 +9,7 @@ Reports ``e2e_tok_s``, ``engine_tok_s`` and TTFT p50/p99 at low load for both (t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import logging
@@ -103,35 +104,41 @@ def _worker_cmd(args, url: str, model_name: str) -> list[str]:
     return cmd
 
 
-def measure_e2e(args, items, tmp: Path) -> dict:
+@contextlib.contextmanager
+def worker_process(args, url: str, model_name: str, log_path: Path):
+    """One ``fleet worker`` process on ``url``, yielded once it has registered; stopped after."""
     import redis
 
     from shared import keys
-    from shared.local_redis import redis_url_or_local
 
-    workload = tmp / "workload.jsonl"
-    workload.write_text("".join(json.dumps({"prompt_token_ids": x.prompt_token_ids,
-                                            "max_tokens": x.max_tokens}) + "\n" for x in items))
-    model_name = f"bench-{uuid.uuid4().hex[:8]}"
-    with redis_url_or_local(args.redis_url) as url:
-        log = open(tmp / "worker.log", "w")
+    with open(log_path, "w") as log:
         worker = subprocess.Popen(_worker_cmd(args, url, model_name), stdout=log,
                                   stderr=subprocess.STDOUT, env=_env())
         try:
             client = redis.Redis.from_url(url)
             while not client.zcard(keys.workers_key(model_name)):
                 if worker.poll() is not None:
-                    raise RuntimeError(f"worker exited; see {log.name}")
+                    raise RuntimeError(f"worker exited; see {log_path}")
                 time.sleep(0.1)
-            out = tmp / "client.json"
-            subprocess.run([sys.executable, "-m", "producer.loadgen", "--redis-url", url,
-                            "--model-name", model_name, "--workload", str(workload),
-                            "--out", str(out), "--low-load", str(args.low_load)], check=True, env=_env())
-            return json.loads(out.read_text())
+            yield worker
         finally:
             worker.terminate()
             worker.wait(60)
-            log.close()
+
+
+def measure_e2e(args, items, tmp: Path) -> dict:
+    from shared.local_redis import redis_url_or_local
+
+    workload = tmp / "workload.jsonl"
+    workload.write_text("".join(json.dumps({"prompt_token_ids": x.prompt_token_ids,
+                                            "max_tokens": x.max_tokens}) + "\n" for x in items))
+    model_name = f"bench-{uuid.uuid4().hex[:8]}"
+    with redis_url_or_local(args.redis_url) as url, worker_process(args, url, model_name, tmp / "worker.log"):
+        out = tmp / "client.json"
+        subprocess.run([sys.executable, "-m", "producer.loadgen", "--redis-url", url,
+                        "--model-name", model_name, "--workload", str(workload),
+                        "--out", str(out), "--low-load", str(args.low_load)], check=True, env=_env())
+        return json.loads(out.read_text())
 
 
 def run(args: argparse.Namespace) -> int:
