@@ -148,10 +148,13 @@ class RequestStream:
         """Fill from the durable progress and result (what pub/sub may have dropped)."""
         # Two plain commands (each retried through a cluster failover by the client), not
         # a pipeline: redis-py's cluster pipeline does not survive a node going away.
+        # HGETs, not HMGET: the shipped ACL users (producer, gateway, tenants) may HGET only.
         state = keys.state_key(self.tenant, self.request_id)
-        progress, (stored, digest, conflict) = await asyncio.gather(
+        fields = ["result"] + (["digest", f"conflict:{self.entry_ref or ''}"] if self._digest else [])
+        progress, stored, *checks = await asyncio.gather(
             self._client.lrange(keys.progress_key(self.tenant, self.request_id), 0, -1),
-            self._client.hmget(state, "result", "digest", f"conflict:{self.entry_ref or ''}"))
+            *(self._client.hget(state, f) for f in fields))
+        digest, conflict = checks or (None, None)
         if self._terminal is not None:
             return
         if self._digest is not None and (conflict is not None or (
