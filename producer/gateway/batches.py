@@ -32,8 +32,11 @@ def _file_id(batch_id: str) -> str:
 
 async def create(request: HttpRequest) -> Response:
     gw, tenant, store = await files.context(request)
+    body = await request.body()
+    if len(body) > 64 * 1024:
+        raise errors.too_large("a batch request body holds at most 64 KiB")
     try:
-        req = msgspec.json.decode(await request.body(), type=CreateBatch)
+        req = msgspec.json.decode(body, type=CreateBatch)
     except msgspec.MsgspecError as exc:
         raise errors.from_validation(exc) from None
     if req.endpoint not in ENDPOINTS:
