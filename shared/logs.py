@@ -55,7 +55,7 @@ class TextFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         line = super().format(record)
-        extra = " ".join(f"{k}={v}" for k, v in fields_of(record).items())
+        extra = " ".join(f"{k}={v}" for k, v in fields_of(record).items() if v is not None)
         if not extra:
             return line
         head, sep, tail = line.partition("\n")  # fields on the message's line, not after a traceback

@@ -192,3 +192,23 @@ def test_the_exporter_logs_new_dead_letters_once_per_scrape(redis_server, r, log
     (line,) = [x for x in _json_lines(buf.getvalue()) if x["logger"] == "producer.exporter"]
     assert line["level"] == "warning" and line["new_dead_letters"] == 3
     assert line["msg"] == "3 new dead letters of default (3 in fleet:default:dead)"
+
+
+def test_a_flood_of_bad_entries_costs_a_few_lines_not_one_each(workers, redis_server, r):
+    import time
+
+    worker = workers.start()
+    stream = keys.stream_key("default", "default", "default")
+    started = time.monotonic()
+    pipe = r.pipeline(transaction=False)
+    for i in range(400):
+        pipe.xadd(stream, {"data": f"not json {i}"})
+    pipe.execute()
+    wait_until(lambda: r.xlen(keys.dead_letter_key("default")) == 400, timeout=60,
+               what="every bad entry dead-lettered")
+    wait_until(lambda: r.xlen(stream) == 0, what="every entry acknowledged")
+    elapsed = time.monotonic() - started
+    lines = [x for x in worker.output().splitlines() if "request dead-lettered" in x]
+    assert 20 <= len(lines) <= 20 + elapsed + 1, (len(lines), elapsed)
+    with FleetClient(redis_server.url) as fleet:  # and it keeps serving
+        assert fleet.generate(prompt_token_ids=[1, 2, 3], max_tokens=3, timeout=30).token_ids
