@@ -4,7 +4,8 @@ Two input formats, told apart per file by its first line:
 
 - **fleet**: each line a request object (the fields of :class:`~shared.protocol.Request`;
   ``request_id`` optional: without one the id is a digest of the line alone). Output:
-  ``{"line": n, "request_id": ..., "result": {...}}`` or ``{..., "failure": {...}}``.
+  ``{"line": n, "request_id": ..., "metadata": {...}, "result": {...}}`` or ``{...,
+  "failure": {...}}`` (``metadata``, the line's own, where it has any).
 - **OpenAI Batch** (``{"custom_id", "method", "url", "body"}``, as vLLM's ``run-batch``
   takes): output lines are OpenAI Batch output lines (:mod:`producer.gateway.openai_batch`).
 
@@ -63,7 +64,8 @@ async def _record(fleet, job: batch_io.Job, lane: str, names: TokenNames) -> tup
     """The output line of ``job``, its completion tokens, and whether it failed."""
     if job.request is not None:
         record, tokens, failed = await _fleet_record(fleet, job)
-        return {"line": job.number, "request_id": job.request_id, **record}, tokens, failed
+        meta = {"metadata": job.request.metadata} if job.request.metadata else {}
+        return {"line": job.number, "request_id": job.request_id, **meta, **record}, tokens, failed
     if job.refused is not None:
         return openai_batch.refused_line(job.key, job.refused), 0, True
     job.line.fields["priority"] = lane

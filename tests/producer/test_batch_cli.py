@@ -76,8 +76,8 @@ def test_fleet_ids_do_not_move_when_a_line_is_inserted_above():
 
 def test_interrupt_says_how_to_resume_and_the_rerun_finishes(workers, redis_server, tmp_path):
     workers.start()
-    rows = [{"prompt_token_ids": PROMPT, "max_tokens": 40 + i, "ignore_eos": True}
-            for i in range(10)]
+    rows = [{"prompt_token_ids": PROMPT, "max_tokens": 40 + i, "ignore_eos": True,
+             "metadata": {"row": str(i)}} for i in range(10)]
     src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     _write(src, rows)
     proc = subprocess.Popen([sys.executable, "-m", "producer.cli", "batch", "--redis-url",
@@ -99,6 +99,7 @@ def test_interrupt_says_how_to_resume_and_the_rerun_finishes(workers, redis_serv
     assert rerun.returncode == 0, rerun.stderr
     lines = [json.loads(x) for x in out.read_text().splitlines()]
     assert sorted(x["line"] for x in lines) == list(range(1, 11))
+    assert all(x["metadata"] == {"row": str(x["line"] - 1)} for x in lines)
     progress = [x for x in rerun.stderr.splitlines() if "lines (" in x]
     assert progress and progress[-1].startswith("10/10 lines (100.0%)"), rerun.stderr
     assert all("ETA" in x and "req/s" in x for x in progress)
