@@ -124,6 +124,10 @@ def test_workers_load_the_model_the_job_puts_on_the_volume(rendered):
         assert copy_["image"].rpartition(":")[0].endswith("fleet-model")
     cpu = engine_parser().parse_args(_worker(rendered["cpu"])["containers"][0]["args"])
     assert cpu.device == "cpu" and cpu.model is None  # the embedded model
+    gpu = engine_parser().parse_args(_worker(rendered["gpu"])["containers"][0]["args"])
+    device_only = {"model", "device", "dtype", "threads"}
+    assert {k: v for k, v in vars(cpu).items() if k not in device_only} == \
+        {k: v for k, v in vars(gpu).items() if k not in device_only}  # the overlay's copy kept in step
     assert "initContainers" not in _worker(rendered["cpu"])
     assert "nvidia.com/gpu" not in str(_worker(rendered["cpu"])["containers"][0]["resources"])
     assert not [d for d in rendered["cpu"] if d["kind"] == "Job"]

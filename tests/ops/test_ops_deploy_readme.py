@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import stat
@@ -76,8 +77,9 @@ def ran(tmp_path_factory):
         shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{SHIMS}" {tool} "$@"\n')
         shim.chmod(shim.stat().st_mode | stat.S_IEXEC)
     port = free_port()
-    # The Redis port-forward runs in the foreground: its stand-in returns once Redis answers.
-    script = readme_block().replace("6380", str(port)).replace(f"{port}:6379 &", f"{port}:6379")
+    # Port-forwards run in the foreground, so a failing one fails the script: the stand-ins
+    # return at once (the Redis one once Redis answers).
+    script = re.sub(r" &$", "", readme_block().replace("6380", str(port)), flags=re.M)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SHIM_DIR": str(tmp_path),
            "SHIM_OPS": str(work / "ops"), "REAL_KUBECTL": shutil.which("kubectl"),
            "KUBECONFIG": str(tmp_path / "no-kubeconfig")}
