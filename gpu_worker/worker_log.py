@@ -137,7 +137,7 @@ class StatsLogger:
         if idle and self._was_idle:
             return None
         self._was_idle = idle
-        stats_logger.info(stats_message(fields), extra=fields)
+        stats_logger.info(stats_message(fields), extra={**fields, "_fields_in_msg": True})
         return fields
 
     def start(self) -> StatsLogger:

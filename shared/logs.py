@@ -4,7 +4,8 @@
 ``--log-level``; defaults from ``$LOG_FORMAT`` / ``$LOG_LEVEL``). JSON is one object per
 line: ``ts`` (UTC, ISO 8601), ``level``, ``logger``, ``msg``, then the record's structured
 fields (``extra={...}``: ``request_id``, ``tenant``, ``code``, ...), and ``exc`` for a
-traceback. Text prints the same fields as ``key=value`` after the message.
+traceback. Text prints the same fields as ``key=value`` after the message (unless the record
+sets ``_fields_in_msg``: its message already says them).
 
 :class:`RateLimiter` keeps a flood of bad entries from flooding the log: per kind of line,
 a bucket of ``burst`` lines refilled at ``per_s`` lines a second; lines over it are dropped
@@ -55,6 +56,8 @@ class TextFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         line = super().format(record)
+        if getattr(record, "_fields_in_msg", False):  # the message already says them all
+            return line
         extra = " ".join(f"{k}={v}" for k, v in fields_of(record).items() if v is not None)
         if not extra:
             return line

@@ -60,8 +60,10 @@ def test_json_lines_carry_ts_level_logger_msg_and_fields(log_stream):
 def test_text_lines_put_fields_after_the_message(log_stream, monkeypatch):
     buf = log_stream("text", "debug")
     logging.getLogger("x").info("served", extra={"tenant": "acme"})
-    line = buf.getvalue().strip()
-    assert " INFO x: served tenant=acme" in line
+    logging.getLogger("x").info("stats: 3 running", extra={"running": 3, "_fields_in_msg": True})
+    first, second = buf.getvalue().strip().splitlines()
+    assert " INFO x: served tenant=acme" in first
+    assert second.endswith("INFO x: stats: 3 running")  # fields not repeated after the message
     monkeypatch.setenv("LOG_FORMAT", "json")
     monkeypatch.setenv("LOG_LEVEL", "warning")
     logs.configure(stream=buf)  # the environment's defaults
