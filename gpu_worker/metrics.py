@@ -143,16 +143,8 @@ class WorkerMetrics:
                 # admitted just before this pass's step ran
                 self.on_admit(enqueue_time(inf.entry.entry_id), now - report.step_time)
         for key, code, message in report.failures:
-            inf = inflight.get(key)
-            if inf is not None:  # stored as a failure (dead-lettered by the publisher unless
-                # a rejection)
-                tenant = getattr(inf, "tenant", None)
-                request_id = getattr(getattr(inf, "request", None), "request_id", key)
-                self._failed(code, message, request_id, tenant)
-                if not is_rejection(code):
-                    self.on_dead_letter(reason=dead_letter_reason(code))
-                    worker_log.dead_letter(code, message, request_id=request_id, tenant=tenant,
-                                           entry_id=inf.entry.entry_id)
+            if key in inflight:  # else fenced: another worker owns it now
+                self._engine_failure(inflight[key], key, code, message)
         for delta in report.deltas:
             inf = inflight.get(delta.request_id)
             if inf is not None:  # otherwise fenced: another worker owns it now
@@ -245,6 +237,17 @@ class WorkerMetrics:
         else:
             self._failed(event.code, getattr(event, "message", ""),
                          getattr(event, "request_id", None), tenant)
+
+    def _engine_failure(self, inf, key: str, code: str, message: str) -> None:
+        """A held request the engine failed: stored as a failure by the publisher, and
+        dead-lettered unless a rejection."""
+        tenant = getattr(inf, "tenant", None)
+        request_id = getattr(getattr(inf, "request", None), "request_id", key)
+        self._failed(code, message, request_id, tenant)
+        if not is_rejection(code):
+            self.on_dead_letter(reason=dead_letter_reason(code))
+            worker_log.dead_letter(code, message, request_id=request_id, tenant=tenant,
+                                   entry_id=inf.entry.entry_id)
 
     def _failed(self, code: str, message: str, request_id, tenant) -> None:
         self.failure.labels(self.model_name, code).inc()
