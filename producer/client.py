@@ -19,6 +19,7 @@ import redis.exceptions
 
 from producer.errors import PayloadTooLarge
 from producer.stream import RequestStream
+from producer.structured_output import from_response_format
 from producer.subscriptions import Subscriptions
 from shared import codec, connect, keys, limits
 from shared.digest import request_digest
@@ -92,9 +93,14 @@ class AsyncFleetClient:
         return self._subs
 
     def make_request(self, request: Request | None = None, **fields: Any) -> Request:
-        """A :class:`Request` from fields (a fresh id and this client's tenant by default)."""
+        """A :class:`Request` from fields (a fresh id and this client's tenant by default).
+        ``structured={"type": "json_schema", "schema": {...}}`` (or ``json_object``, ``regex``
+        with ``pattern``, ``choice`` with ``choices``, ``grammar`` with ``ebnf``) constrains
+        the output; ``response_format=`` takes OpenAI's form of the same."""
         if request is not None:
             return request
+        if "response_format" in fields:
+            fields["structured"] = from_response_format(fields.pop("response_format"))
         fields.setdefault("request_id", uuid.uuid4().hex)
         fields.setdefault("tenant", self.tenant)
         fields.setdefault("submitted_at", time.time())

@@ -56,7 +56,7 @@ def from_wire(structured) -> StructuredSpec | None:
     """The spec of a wire :class:`shared.protocol.Request`'s ``structured`` field (None: none)."""
     if structured is None:
         return None
-    kind = structured.type
+    kind = type(structured).__struct_config__.tag   # msgspec's tag: the wire `type`
     if kind == "json_schema":
         return StructuredSpec.json_schema(structured.schema)
     if kind == "regex":

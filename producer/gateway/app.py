@@ -23,6 +23,7 @@ from producer.gateway.redact import redact
 from producer.gateway.render import Renderer
 from producer.gateway.serve import Call
 from producer.gateway.state import Gateway
+from producer.gateway.tools import forced_tool
 from shared import keys
 from shared.protocol import Request
 
@@ -83,7 +84,8 @@ async def _complete(request: HttpRequest, chat: bool) -> Response:
     await gw.redis_step(admission.acquire(tenant, request_id))
     include_usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
     renderer = Renderer(chat=chat, response_id=request_id, model=req.model, names=gw.names,
-                        logprobs=request_obj.logprobs is not None, include_usage=include_usage)
+                        logprobs=request_obj.logprobs is not None, include_usage=include_usage,
+                        tool=forced_tool(req) if chat else None)
     try:
         stream = await gw.redis_step(client.submit(request_obj))
     except BaseException:

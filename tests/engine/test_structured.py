@@ -205,3 +205,18 @@ def test_a_slow_compilation_fails_its_request_at_the_time_limit(tiny_llama_dir):
                                                    SamplingParams(temperature=0, max_tokens=3)])
     assert outs[0].error_code == "invalid_grammar" and "longer than" in outs[0].error_message
     assert outs[1].finish_reason == "length"
+
+
+def test_every_wire_form_maps_to_its_spec():
+    import msgspec
+
+    from gpu_worker.structured import from_wire
+    from shared.protocol import Request
+
+    forms = {"json_object": ({}, ""), "json_schema": ({"schema": {"type": "object"}}, '{"type":"object"}'),
+             "regex": ({"pattern": "a+"}, "a+"), "choice": ({"choices": ["x", "y"]}, '["x", "y"]'),
+             "grammar": ({"ebnf": 'root ::= "a"'}, 'root ::= "a"')}
+    for kind, (extra, text) in forms.items():
+        req = msgspec.convert({"request_id": "r", "prompt": "p", "structured": {"type": kind, **extra}}, Request)
+        assert from_wire(req.structured) == StructuredSpec(kind, text)
+    assert from_wire(None) is None
