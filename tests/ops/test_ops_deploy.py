@@ -157,6 +157,10 @@ def test_the_model_job_copies_once_and_refuses_a_directory_without_a_model(tmp_p
     again = run()
     assert again.returncode == 0 and "is complete" in again.stdout
     assert (dst / "config.json").read_text() == "{}"  # a complete model is left alone
+    (dst / ".complete").unlink()  # a directory someone else put there: never deleted
+    refused = run()
+    assert refused.returncode != 0 and "not marked complete" in refused.stderr
+    assert (dst / "config.json").read_text() == "{}"
 
 
 @needs_kustomize
