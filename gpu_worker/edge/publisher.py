@@ -142,8 +142,7 @@ class Publisher:
             return out
         out += self._take_held(inf)
         if ended is not None and not inf.all_ended:  # one choice of several: stored, not final
-            if not inf.handoff:
-                out.append(_Write("choice", inf, calls.end_choice(inf, ended)))
+            out.append(_Write("choice", inf, calls.end_choice(inf, ended)))  # (a hand-back too)
             return out
         if inf.handoff:
             st.forget(inf.key)
@@ -269,4 +268,5 @@ def _refused(answer) -> bool:
 
 
 def _is_gap(w: _Write, answer) -> bool:
-    return (w.kind, answer) in (("publish", Published.GAP), ("finish", Finished.GAP))
+    return (w.kind, answer) in (("publish", Published.GAP), ("finish", Finished.GAP),
+                                ("choice", Finished.GAP))
