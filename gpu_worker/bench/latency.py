@@ -1,12 +1,13 @@
 """TTFT and inter-token latency through Redis beside the in-process engine, same workload.
 
-    python -m gpu_worker.bench.latency --requests 24 --interval-ms 250 \\
+    python -m gpu_worker.bench.latency --requests 24 --interval-ms 250 --repeats 2 \\
         --json docs/bench/latency.json          # the picture beside it: latency.png
 
-Requests arrive on a fixed schedule (one every ``--interval-ms``), the same for both sides:
-first the engine in this process (stepped in its own thread, as in the worker, requests
-added when due), then one real ``fleet worker`` process on a redis-server fed by a client
-process (``latency_client``) that records when each token arrives. Greedy, ``ignore_eos``,
+Requests arrive on a fixed schedule (one every ``--interval-ms``), the same for both sides,
+which take turns ``--repeats`` times: the engine in this process (stepped in its own
+thread, as in the worker, requests added when due), then one real ``fleet worker`` process
+on a redis-server fed by a client process (``latency_client``) that records when each
+token arrives. Greedy, ``ignore_eos``,
 fixed output lengths. The JSON and the picture carry the CPU, the date and the load.
 """
 from __future__ import annotations
@@ -22,7 +23,7 @@ import uuid
 from pathlib import Path
 
 from gpu_worker.bench.latency_client import per_request
-from gpu_worker.bench.pictures import machine, machine_line, pyplot
+from gpu_worker.bench.pictures import machine, pyplot
 from gpu_worker.edge.bench_e2e import _env, worker_process
 from gpu_worker.edge.cli import add_engine_arguments, default_redis_url, engine_config
 
@@ -32,6 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--requests", type=int, default=24)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--interval-ms", type=float, default=250.0, help="one arrival every N ms")
+    parser.add_argument("--repeats", type=int, default=2, help="engine, Redis, engine, Redis, ...")
     parser.add_argument("--json", type=Path, default=None, help="write the report (and a .png beside it)")
     parser.add_argument("--redis-url", default=default_redis_url(),
                         help="used if it answers, else a redis-server is started")
@@ -118,9 +120,12 @@ def plot(report: dict, path: Path) -> Path:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, loc="lower right")
     m = report["machine"]
+    load = f"load avg {report['load_avg_before'][0]:.1f} before, {report['load_avg_after'][0]:.1f} after"
     fig.suptitle(f"{report['model']}: {report['requests']} mixed-length requests, one every "
-                 f"{report['interval_ms']:.0f} ms, greedy, {report['threads']} threads\n"
-                 f"{machine_line(m['cpu'], m['date'], 1, report['load_avg_before'])}", fontsize=10)
+                 f"{report['interval_ms']:.0f} ms, greedy, {report['threads']} threads; "
+                 f"{report['repeats']} alternating runs a side, pooled\n"
+                 f"{m['cpu']} - {m['date']} - {load} on {m['cpus']} cores shared with other work",
+                 fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -137,10 +142,16 @@ def run(args: argparse.Namespace) -> int:
               "model": Path(args.model).name if args.model else "SmolLM2-135M-Instruct (embedded)",
               "output_tokens": sum(i.max_tokens for i in items), "machine": machine()}
     report["load_avg_before"] = report["machine"]["load_avg"]
-    report["engine"] = summarize(measure_engine(args, items))
+    timed: dict[str, list[list[dict]]] = {"engine": [], "redis": []}
+    for _ in range(args.repeats):  # alternating, so a change in the machine's load hits both
+        timed["engine"].append(measure_engine(args, items))
+        with tempfile.TemporaryDirectory(prefix="fleet-latency-") as tmp:
+            timed["redis"].append(measure_redis(args, items, Path(tmp)))
     report["threads"] = torch.get_num_threads()
-    with tempfile.TemporaryDirectory(prefix="fleet-latency-") as tmp:
-        report["redis"] = summarize(measure_redis(args, items, Path(tmp)))
+    for side, runs in timed.items():
+        report[side] = summarize([r for run in runs for r in run])  # every run's samples pooled
+        report[f"{side}_runs"] = [{k: v for k, v in summarize(run).items() if k.endswith("_ms")} for run in runs]
+    report["repeats"] = args.repeats
     report["load_avg_after"] = machine()["load_avg"]
     brief = {k: v for side in ("engine", "redis") for k, v in
              ((f"{side}_{name}", val) for name, val in report[side].items() if name.endswith("_ms"))}

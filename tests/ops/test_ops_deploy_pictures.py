@@ -66,5 +66,6 @@ def test_the_latency_report_and_picture(tmp_path):
     assert side["ttft_p50_ms"] == pytest.approx(100.0) and side["ttft_p99_ms"] == pytest.approx(300.0)
     assert sorted(side["itl_s"]) == pytest.approx([0.05, 0.1, 0.1])
     report = {"model": "m", "requests": 2, "interval_ms": 250.0, "threads": 2, "engine": side,
-              "redis": side, "machine": pictures.machine(), "load_avg_before": [1.0, 1.0, 1.0]}
+              "redis": side, "machine": pictures.machine(), "load_avg_before": [1.0, 1.0, 1.0],
+              "load_avg_after": [2.0, 1.0, 1.0], "repeats": 2}
     assert latency.plot(report, tmp_path / "l.png").read_bytes()[:4] == b"\x89PNG"
