@@ -1,0 +1,49 @@
+"""The `structured` field: the JSON Schema accepts exactly what the decoder accepts, at,
+inside and just outside every bound of every kind."""
+from __future__ import annotations
+
+import json
+
+import jsonschema
+
+from shared import codec, errors, limits as L
+from shared.schema import protocol_schema
+
+BASE = {"request_id": "r-1", "prompt": "hi"}
+N, C, K = L.MAX_STRUCTURED_SPEC_CHARS, L.MAX_CHOICE_CHARS, L.MAX_CHOICES
+
+
+def corpus() -> list:
+    values = [None, {}, [], "json_object", {"type": "json_object"}, {"type": "json_object", "x": 1},
+              {"type": "nope"}, {"type": None}, {"type": "json_schema"}, {"type": "json_schema", "schema": {}},
+              {"type": "json_schema", "schema": {"type": "object", "properties": {"a": {"type": "string"}}}},
+              {"type": "json_schema", "schema": []}, {"type": "json_schema", "schema": "x"},
+              {"type": "json_schema", "schema": {}, "strict": True}]
+    for field, kind, top in (("pattern", "regex", N), ("ebnf", "grammar", N)):
+        values += [{"type": kind}, {"type": kind, field: ""}, {"type": kind, field: "a"},
+                   {"type": kind, field: "a" * top}, {"type": kind, field: "a" * (top + 1)},
+                   {"type": kind, field: 5}, {"type": kind, field: None}, {"type": kind, "choices": ["a"]}]
+    values += [{"type": "choice"}, {"type": "choice", "choices": []}, {"type": "choice", "choices": ["a"]},
+               {"type": "choice", "choices": ["a"] * K}, {"type": "choice", "choices": ["a"] * (K + 1)},
+               {"type": "choice", "choices": [""]}, {"type": "choice", "choices": ["c" * C]},
+               {"type": "choice", "choices": ["c" * (C + 1)]}, {"type": "choice", "choices": [1]},
+               {"type": "choice", "choices": "a"}, {"type": "choice", "choices": ["\U0001F600" * C]}]
+    return [{**BASE, "structured": v} for v in values]
+
+
+def _accepted(payload) -> bool:
+    try:
+        codec.decode_request(json.dumps(payload).encode())
+    except errors.ProtocolError:
+        return False
+    return True
+
+
+def test_the_schema_and_the_decoder_agree_on_structured():
+    schema = protocol_schema()
+    validator = jsonschema.Draft202012Validator({"$ref": "#/$defs/Request", "$defs": schema["$defs"]})
+    cases = corpus()
+    disagree = [json.dumps(p)[:120] for p in cases if validator.is_valid(p) != _accepted(p)]
+    assert not disagree, disagree
+    accepted = sum(_accepted(p) for p in cases)
+    assert 10 < accepted < len(cases) - 10   # both sides of every bound are in the corpus
