@@ -17,7 +17,9 @@ OPTIONS = GatewayOptions(redis_url="redis://x")
 
 
 def test_served_models_and_keys(tmp_path, monkeypatch):
-    assert parse_served_models([], "default") == {"default": "default"}
+    # Without specs: the model's own name (the embedded default's, or --model's) and the namespace.
+    assert parse_served_models([], "default") == {"SmolLM2-135M-Instruct": "default", "default": "default"}
+    assert parse_served_models([], "ns", "/models/Qwen2-0.5B") == {"Qwen2-0.5B": "ns", "ns": "ns"}
     assert parse_served_models(["gpt=default", "smol"], "x") == {"gpt": "default", "smol": "smol"}
     path = tmp_path / "keys.json"
     path.write_text(json.dumps({"keys": {"k1": "acme"}, "quotas": {"acme": {"max_concurrent": 2}}}))
