@@ -9,6 +9,12 @@ PROMPT_RANGE = (8, 384)
 OUTPUT_RANGE = (4, 160)
 # Ordinary vocabulary ids of SmolLM2's tokenizer (past its special tokens).
 TOKEN_RANGE = (100, 48000)
+# ``--structured``: a JSON Schema on every request that no output of OUTPUT_RANGE completes
+# (so constrained requests generate exactly max_tokens, as the unconstrained ones do).
+STRUCTURED_SCHEMA = {"type": "array", "minItems": 1000,
+                     "items": {"type": "object", "required": ["word", "n"], "additionalProperties": False,
+                               "properties": {"word": {"type": "string", "maxLength": 12},
+                                              "n": {"type": "integer"}}}}
 
 
 @dataclass(frozen=True)
