@@ -220,3 +220,14 @@ def test_every_wire_form_maps_to_its_spec():
         req = msgspec.convert({"request_id": "r", "prompt": "p", "structured": {"type": kind, **extra}}, Request)
         assert from_wire(req.structured) == StructuredSpec(kind, text)
     assert from_wire(None) is None
+
+
+def test_the_throughput_bench_constrains_every_request_to_full_length(llm):
+    from gpu_worker.bench.throughput import _run_engine
+    from gpu_worker.bench.workload import mixed_workload
+
+    items = mixed_workload(3, seed=1)
+    _, outputs = _run_engine(llm, items, structured=True)
+    assert [len(o) for o in outputs] == [i.max_tokens for i in items]
+    text = llm.tokenizer.decode(outputs[0])
+    assert text.startswith("[{\"word\": \"")   # the schema's shape, compactly written
