@@ -57,11 +57,15 @@ class BatchRunner:
         return self._store
 
     async def _loop(self) -> None:
+        said, said_at = "", 0.0
         while True:
             try:
                 await self._scan()
             except Exception as exc:  # noqa: BLE001 -- Redis away: try again next round
-                logger.warning("batch runner: %s: %s", type(exc).__name__, exc)
+                text = f"batch runner: {type(exc).__name__}: {exc}"
+                if text != said or time.monotonic() - said_at > 60:  # once a minute at most
+                    logger.warning("%s", text)
+                    said, said_at = text, time.monotonic()
             try:
                 await asyncio.wait_for(self._wake.wait(), POLL_S)
             except asyncio.TimeoutError:

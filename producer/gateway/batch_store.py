@@ -21,15 +21,17 @@ TIMES = ("in_progress", "finalizing", "completed", "failed", "expired", "cancell
          "cancelled")
 FINAL = {"completed", "failed", "expired", "cancelled"}
 
-# Record one answered line once: mark it done, append it, count it (KEYS: done, lines,
+# Record one answered line once: append it, count it, mark it done (KEYS: done, lines,
 # state; ARGV: line number, line, counter, bytes field, ttl). A line answered twice (a
-# runner that lost its lease) is not appended twice.
+# runner that lost its lease) is not appended twice. Marked done last: a script stopped
+# by an error (a refused command) leaves the line to be answered again, never lost.
 RECORD = """
-if redis.call('SADD', KEYS[1], ARGV[1]) == 0 then return 0 end
+if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 then return 0 end
 redis.call('RPUSH', KEYS[2], ARGV[2])
 redis.call('EXPIRE', KEYS[2], ARGV[5])
 redis.call('HINCRBY', KEYS[3], ARGV[3], 1)
 redis.call('HINCRBY', KEYS[3], ARGV[4], string.len(ARGV[2]) + 1)
+redis.call('SADD', KEYS[1], ARGV[1])
 return 1
 """
 
