@@ -219,3 +219,9 @@ def test_the_prometheus_rule_groups_pass_promtool(tmp_path):
     done = subprocess.run(["promtool", "check", "rules", str(tmp_path / "rules.yml")],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_base_lists_every_manifest_but_the_secrets_example():
+    listed = set(yaml.safe_load((K8S / "kustomization.yaml").read_text())["resources"])
+    files = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml", "secrets.example.yaml"}
+    assert listed == files
