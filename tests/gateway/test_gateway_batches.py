@@ -181,3 +181,36 @@ def test_refusals_are_openai_errors(fleet):
             "authorization": "Bearer sk-acme"})
         assert r.status_code == 404 and set(r.json()["error"]) >= {"message", "code"}
         assert httpx.get(gateway.url + "/v1/files").status_code == 401
+
+
+def test_a_batch_past_its_window_expires_with_error_lines(fleet):
+    import asyncio
+
+    from producer.gateway.batch_store import Store, new_id
+    from shared import connect
+
+    server = fleet[0]
+    rows = _lines(3)
+    now = int(time.time())
+    meta = {"id": new_id("file"), "object": "file", "created_at": now, "purpose": "batch"}
+    fixed = {"id": new_id("batch"), "endpoint": "/v1/chat/completions", "created_at": now - 7200,
+             "input_file_id": meta["id"], "completion_window": "1h", "expires_at": now - 3600,
+             "output_file_id": new_id("file"), "error_file_id": new_id("file"),
+             "metadata": None}
+
+    async def put():  # as a gateway that died an hour ago left it
+        redis = await connect.async_client(server.url)
+        store = Store(redis)
+        await store.put_file("acme", meta, [json.dumps(r).encode() for r in rows], 3600)
+        await store.put_batch("acme", fixed)
+        await redis.aclose()
+
+    asyncio.run(put())
+    with _serving(fleet) as (gateway, client):
+        batch = _wait(client, fixed["id"])
+        assert batch.status == "expired" and batch.expired_at, batch
+        assert batch.request_counts.failed == 3 and batch.output_file_id is None
+        errors = _content(client, batch.error_file_id)
+        assert sorted(x["custom_id"] for x in errors) == [r["custom_id"] for r in rows]
+        assert all(x["error"]["code"] == "batch_expired" and x["response"] is None
+                   for x in errors)
