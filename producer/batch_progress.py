@@ -45,7 +45,7 @@ class Progress:
         rate = self.done / dt
         pct = 100.0 * self.written / self.total if self.total else 100.0
         left = max(self.total - self.written, 0)
-        eta = _duration(left / rate) if rate > 0 else "?"
+        eta = _duration(left / rate) if rate > 0 else ("0m00s" if not left else "?")
         return (f"{self.written}/{self.total} lines ({pct:.1f}%)  {rate:.2f} req/s  "
                 f"{self.tokens / dt:.1f} tok/s  {self.failed} failed  ETA {eta}")
 

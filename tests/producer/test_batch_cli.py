@@ -123,3 +123,19 @@ def test_missing_input_and_redis_down_are_one_line_errors(tmp_path, redis_server
     junk = _fleet("batch", "--redis-url", redis_server.url, str(src), str(tmp_path / "junk.jsonl"))
     assert junk.returncode == 2 and "not an output line" in junk.stderr
     assert (tmp_path / "junk.jsonl").read_text() == "not ours\n"
+
+
+def test_progress_counts_earlier_lines_and_estimates_the_rest(monkeypatch):
+    import io
+
+    from producer import batch_progress
+
+    clock = iter([0.0, 10.0, 20.0, 20.0, 20.0])  # t0, then one reading per add / line
+    monkeypatch.setattr(batch_progress.time, "perf_counter", lambda: next(clock))
+    stream = io.StringIO()  # not a terminal: plain lines
+    progress = batch_progress.Progress(100, 40, every_s=5.0, stream=stream)
+    progress.add(tokens=50, failed=False)  # at 10 s: shown (5 s passed)
+    progress.add(tokens=50, failed=True)  # at 20 s: shown
+    lines = stream.getvalue().splitlines()
+    assert lines[-1].startswith("42/100 lines (42.0%)  0.10 req/s  5.0 tok/s  1 failed")
+    assert lines[-1].endswith("ETA 9m40s")  # 58 lines left at 0.1 lines/s
