@@ -48,8 +48,17 @@ export interface RequestFields {
   submitted_at?: number | null;
   /** Samples (choices) of this prompt, 1 .. 16; they share its KV blocks. */
   n?: number;
+  /** Constrains the output (docs/protocol.md, "Structured output"). */
+  structured?: Structured | null;
   v?: 1;
 }
+
+export type Structured =
+  | { type: "json_object" }
+  | { type: "json_schema"; schema: Record<string, unknown> }
+  | { type: "regex"; pattern: string }
+  | { type: "choice"; choices: string[] }
+  | { type: "grammar"; ebnf: string };
 
 export interface Request extends RequestFields {
   request_id: string;

@@ -16,7 +16,8 @@ type Spec =
   | { kind: "const"; value: number }
   | { kind: "list"; maxItems: number; item: Spec; nullable?: boolean }
   | { kind: "chat"; maxItems: number; contentMax: number; nullable?: boolean }
-  | { kind: "map"; maxItems: number; keyMax: number; valueMax: number };
+  | { kind: "map"; maxItems: number; keyMax: number; valueMax: number }
+  | { kind: "structured"; nullable: true };
 
 const TOKEN_ID: Spec = { kind: "int", min: 0, max: L.MAX_TOKEN_ID };
 
@@ -48,7 +49,39 @@ export const REQUEST_FIELDS: Record<string, Spec> = {
   metadata: { kind: "map", maxItems: L.MAX_METADATA_ITEMS, keyMax: L.MAX_METADATA_KEY_CHARS, valueMax: L.MAX_METADATA_VALUE_CHARS },
   submitted_at: { kind: "num", min: 0, max: L.MAX_UNIX_TIME, nullable: true },
   n: { kind: "int", min: 1, max: L.MAX_N },
+  structured: { kind: "structured", nullable: true },
 };
+
+/** Each structured output `type` and the one other field it takes (null: none). */
+const STRUCTURED_FIELDS: Record<string, string | null> = {
+  json_object: null, json_schema: "schema", regex: "pattern", choice: "choices", grammar: "ebnf",
+};
+
+function checkStructured(field: string, value: unknown): void {
+  if (typeof value !== "object" || value === null || Array.isArray(value)) fail(field, "must be an object with a type");
+  const obj = value as Record<string, unknown>;
+  const kind = obj.type;
+  if (typeof kind !== "string" || !Object.prototype.hasOwnProperty.call(STRUCTURED_FIELDS, kind)) {
+    fail(`${field}.type`, `must be one of ${Object.keys(STRUCTURED_FIELDS).join(", ")}`);
+  }
+  const name = STRUCTURED_FIELDS[kind as string];
+  const extra = Object.keys(obj).filter((k) => k !== "type" && k !== name);
+  if (extra.length) fail(field, `unknown field ${extra[0]}`);
+  if (name === null) return;
+  const where = `${field}.${name}`;
+  const v = obj[name];
+  if (v === undefined) fail(where, "is required");
+  if (name === "schema") {
+    if (typeof v !== "object" || v === null || Array.isArray(v)) fail(where, "must be a JSON Schema object");
+    return;
+  }
+  if (name === "choices") {
+    if (!Array.isArray(v) || v.length < 1 || v.length > L.MAX_CHOICES) fail(where, `must be 1..${L.MAX_CHOICES} strings`);
+    v.forEach((c, i) => checkValue(`${where}[${i}]`, { kind: "str", minLength: 1, maxLength: L.MAX_CHOICE_CHARS }, c));
+    return;
+  }
+  checkValue(where, { kind: "str", minLength: 1, maxLength: L.MAX_STRUCTURED_SPEC_CHARS }, v);
+}
 
 const ROLES = ["system", "user", "assistant", "tool"];
 const patterns = new Map<string, RegExp>();
@@ -113,6 +146,9 @@ function checkValue(field: string, spec: Spec, value: unknown): void {
         checkValue(`${where}.role`, { kind: "enum", values: ROLES }, (m as { role?: unknown }).role);
         checkValue(`${where}.content`, { kind: "str", maxLength: spec.contentMax }, (m as { content?: unknown }).content);
       });
+      return;
+    case "structured":
+      checkStructured(field, value);
       return;
     case "map": {
       if (typeof value !== "object" || value === null || Array.isArray(value)) fail(field, "must be an object of strings");
