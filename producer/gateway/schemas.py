@@ -1,8 +1,9 @@
 """The OpenAI request bodies the gateway accepts, as msgspec structs (validated at decode).
 
 Unknown fields are ignored, as OpenAI clients send many optional ones; fields whose meaning
-the fleet cannot honour (``n > 1``, tools, JSON mode, ``echo``...) are refused in
-:mod:`producer.gateway.translate` with a message that says so.
+the fleet cannot honour (``tool_choice`` "auto", ``echo``...) are refused in
+:mod:`producer.gateway.translate` (tools and ``response_format``: :mod:`producer.gateway.tools`)
+with a message that says so.
 """
 from __future__ import annotations
 

@@ -231,3 +231,32 @@ def test_the_throughput_bench_constrains_every_request_to_full_length(llm):
     assert [len(o) for o in outputs] == [i.max_tokens for i in items]
     text = llm.tokenizer.decode(outputs[0])
     assert text.startswith("[{\"word\": \"")   # the schema's shape, compactly written
+
+
+def test_n_samples_each_keep_their_own_grammar(llm):
+    spec = StructuredSpec("regex", r"(ab|cd){3,6}x")
+    out = llm.generate([PROMPTS[1]], _params(spec, temperature=1.0, seed=3), n=4)[0]
+    assert len(out.choices) == 4
+    for c in out.choices:
+        assert c.finish_reason == "stop" and re.fullmatch(r"(ab|cd){3,6}x", c.text), c.text
+
+
+def test_a_compiling_grammar_does_not_hold_up_other_requests(tiny_llama_dir, monkeypatch):
+    import threading
+
+    from gpu_worker.structured.compiler import GrammarCompiler
+
+    release = threading.Event()
+    compile_ = GrammarCompiler._compile
+    monkeypatch.setattr(GrammarCompiler, "_compile", lambda self, spec: release.wait(30) and compile_(self, spec))
+    engine = LLM(tiny_llama_dir, kv_cache_memory=64 << 20).engine
+    engine.add_request("slow", PROMPTS[0], _params(StructuredSpec.choice(["on", "off"])))
+    engine.add_request("plain", PROMPTS[1], SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))
+    ended = {}
+    while "plain" not in ended:
+        ended.update({d.request_id: d for d in engine.step() if d.finished})
+    assert "slow" not in ended   # still compiling while the other request ran to its end
+    release.set()
+    while engine.has_unfinished_requests():
+        ended.update({d.request_id: d for d in engine.step() if d.finished})
+    assert ended["slow"].finish_reason == "stop"

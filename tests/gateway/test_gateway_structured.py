@@ -40,7 +40,7 @@ def test_json_schema_answers_validate_for_every_prompt(openai_client, temperatur
 
 
 def test_json_object_is_an_object(openai_client):
-    reply = _chat(openai_client, "List three fruits as JSON.", response_format={"type": "json_object"},
+    reply = _chat(openai_client, 'Answer with a JSON object with the key "fruit".', response_format={"type": "json_object"},
                   temperature=0, max_tokens=160)
     assert reply.choices[0].finish_reason == "stop"
     assert isinstance(json.loads(reply.choices[0].message.content), dict)
