@@ -76,7 +76,7 @@ def test_fleet_ids_do_not_move_when_a_line_is_inserted_above():
 
 def test_interrupt_says_how_to_resume_and_the_rerun_finishes(workers, redis_server, tmp_path):
     workers.start()
-    rows = [{"prompt_token_ids": PROMPT, "max_tokens": 40 + i, "ignore_eos": True,
+    rows = [{"prompt_token_ids": PROMPT, "max_tokens": 100 + i, "ignore_eos": True,
              "metadata": {"row": str(i)}} for i in range(10)]
     src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     _write(src, rows)
