@@ -209,6 +209,10 @@ class Scheduler:
         if state is None:
             return False
         req.grammar, req.grammar_pending = state, None
+        if state.is_terminated:             # resumed with its whole output (EOS included)
+            self.finish(req, "stop")
+            self.finished.append(req)
+            return False
         return True
 
     def _expire_deadlines(self) -> None:
@@ -258,7 +262,10 @@ class Scheduler:
             req.append_output(tok)
             new_tokens.append(tok)
             stop_string = req.detokenizer.push([tok], check_stop=req.num_output_tokens >= req.params.min_tokens)
-            if (ended := check_stop(req, tok, stop_string)) is not None:
+            ended = check_stop(req, tok, stop_string)
+            if ended is None and req.grammar is not None and req.grammar.is_terminated:
+                ended = ("stop", None)      # the grammar is complete: min_tokens does not hold it
+            if ended is not None:
                 break
         # After appending: accepted drafts are computed tokens that only now have ids.
         self.kv.cache_computed(rid, req.token_ids, min(req.num_computed_tokens, req.num_tokens))

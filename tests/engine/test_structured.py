@@ -260,3 +260,15 @@ def test_a_compiling_grammar_does_not_hold_up_other_requests(tiny_llama_dir, mon
     while engine.has_unfinished_requests():
         ended.update({d.request_id: d for d in engine.step() if d.finished})
     assert ended["slow"].finish_reason == "stop"
+
+
+def test_the_grammar_ends_the_request_whatever_min_tokens_says(llm):
+    spec = StructuredSpec.choice(["yes", "no"])
+    out = llm.generate([PROMPTS[0]], SamplingParams(temperature=0, max_tokens=20, min_tokens=10, structured=spec))[0]
+    assert out.finish_reason == "stop" and out.text in ("yes", "no")
+    engine = llm.engine   # resumed with every token, EOS included: it ends at once
+    engine.add_request("done", PROMPTS[0], _params(spec), resume_token_ids=out.token_ids)
+    ended = {}
+    while engine.has_unfinished_requests():
+        ended.update({d.request_id: d for d in engine.step() if d.finished})
+    assert ended["done"].finish_reason == "stop" and ended["done"].num_output_tokens == len(out.token_ids)
