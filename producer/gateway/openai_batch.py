@@ -21,6 +21,7 @@ from producer.gateway.schemas import ChatRequest, CompletionRequest, decode
 from producer.gateway.errors import GatewayError, from_failure, invalid
 from producer.gateway.options import GatewayOptions
 from producer.gateway.render import Renderer, TokenNames
+from producer.gateway.tools import forced_tool
 from producer.gateway.translate import chat_fields, completion_fields
 
 ENDPOINTS = {"/v1/chat/completions": True, "/v1/completions": False}  # url -> is chat
@@ -47,6 +48,7 @@ class BatchLine:
     url: str
     model: str
     fields: dict[str, Any]
+    tool: str | None = None  # a forced tool call: answered as tool_calls
 
     @property
     def chat(self) -> bool:
@@ -81,7 +83,8 @@ def parse(obj: Any, options: GatewayOptions = _BATCH_OPTIONS) -> BatchLine:
     fields = (chat_fields if chat else completion_fields)(req, options)
     fields["priority"] = "batch"
     fields["deadline"] = None  # a batch line may wait behind interactive lanes for hours
-    return BatchLine(custom_id=custom_id, url=url, model=req.model, fields=fields)
+    return BatchLine(custom_id=custom_id, url=url, model=req.model, fields=fields,
+                     tool=forced_tool(req) if chat else None)
 
 
 def response_line(custom_id: str, request_id: str | None, status: int, body: Any) -> dict:
@@ -119,7 +122,7 @@ async def run_line(client, line: BatchLine, request_id: str, names: TokenNames) 
     logprobs = request.logprobs is not None
     tokens = await client.get_progress(request_id, request.tenant) if logprobs else []
     renderer = Renderer(chat=line.chat, response_id=request_id, model=line.model, names=names,
-                        logprobs=logprobs)
+                        logprobs=logprobs, tool=line.tool)
     return response_line(line.custom_id, request_id, 200, renderer.response(result, tokens))
 
 

@@ -39,6 +39,12 @@ def test_openai_format_in_input_order_keeps_custom_ids(workers, redis_server, tm
     rows = [_openai_line(i) for i in range(8)]
     rows.insert(3, {"custom_id": "bad-url", "method": "POST", "url": "/v1/embeddings",
                     "body": {"model": "m"}})
+    tool = {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}}}
+    forced = _openai_line(10, tools=[tool], max_tokens=16, tool_choice={
+        "type": "function", "function": {"name": "f"}})  # a forced tool call, as the gateway
+    del forced["body"]["ignore_eos"]  # (refused with a grammar)
+    rows.append(forced)
     src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     _write(src, rows)
     run = _fleet("batch", "--redis-url", redis_server.url, "--ordered", "--window", "3",
@@ -55,6 +61,9 @@ def test_openai_format_in_input_order_keeps_custom_ids(workers, redis_server, tm
         body = line["response"]["body"]
         assert line["response"]["status_code"] == 200 and line["error"] is None
         assert line["id"].startswith("batch_req_")
+        if "tools" in row["body"]:
+            assert body["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "f"
+            continue
         assert body["usage"]["completion_tokens"] == row["body"]["max_tokens"]
         kind = "chat.completion" if row["url"].endswith("chat/completions") else "text_completion"
         assert body["object"] == kind
