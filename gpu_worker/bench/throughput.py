@@ -40,6 +40,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=1024)
     p.add_argument("--structured", action="store_true",
                    help="also run the engine with a JSON Schema on every request (engine_structured_tok_s)")
+    p.add_argument("--structured-pairs", type=int, default=2,
+                   help="--structured: unconstrained/constrained runs, alternated, this many of each")
     p.add_argument("--no-ablate-onednn", dest="ablate_onednn", action="store_false",
                    help="skip the second engine run with oneDNN packing off (engine_mkl_tok_s)")
     p.add_argument("--no-ablate-kernels", dest="ablate_kernels", action="store_false",
@@ -62,11 +64,8 @@ def run(args: argparse.Namespace) -> int:
     engine_s, engine_out = _run_engine(llm, items)
     result["engine_s"], result["engine_tok_s"] = engine_s, result["output_tokens"] / engine_s
     logger.info("engine: %.1f tok/s", result["engine_tok_s"])
-    if args.structured:   # side by side on the same engine: the grammar's cost alone
-        seconds, _ = _run_engine(llm, items, structured=True)
-        result["engine_structured_tok_s"] = result["output_tokens"] / seconds
-        result["structured_vs_unconstrained"] = result["engine_structured_tok_s"] / result["engine_tok_s"]
-        logger.info("engine, a JSON Schema on every request: %.1f tok/s", result["engine_structured_tok_s"])
+    if args.structured:
+        result.update(_structured_pairs(llm, items, args.structured_pairs))
     model_dir = llm.engine.model_dir
     result["engine_ops"] = llm.engine.model.ops.name
     del llm
@@ -128,6 +127,17 @@ def workload_flops(cfg: ModelConfig, items: list[WorkItem]) -> float:
         attn = 4 * cfg.num_layers * cfg.num_heads * d * (n_fed * (n_fed + 1) / 2)
         total += 2 * linear * n_fed + attn + 2 * cfg.vocab_size * h * it.max_tokens
     return total
+
+
+def _structured_pairs(llm, items: list[WorkItem], pairs: int) -> dict:
+    """Side by side on the same engine, alternated (so a change of load hits both): each
+    pair an unconstrained run then one with a JSON Schema on every request."""
+    tokens = sum(i.max_tokens for i in items)
+    runs = [[tokens / _run_engine(llm, items, structured=s)[0] for s in (False, True)] for _ in range(pairs)]
+    plain, constrained = sum(u for u, _ in runs) / pairs, sum(c for _, c in runs) / pairs
+    logger.info("unconstrained %.1f tok/s, a JSON Schema on every request %.1f tok/s", plain, constrained)
+    return {"structured_pairs_tok_s": runs, "engine_unconstrained_tok_s": plain,
+            "engine_structured_tok_s": constrained, "structured_vs_unconstrained": constrained / plain}
 
 
 def _run_engine(llm, items: list[WorkItem], structured: bool = False) -> tuple[float, list[list[int]]]:

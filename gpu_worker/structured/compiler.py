@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 from gpu_worker.errors import InvalidRequestError
 from gpu_worker.structured.spec import INVALID_GRAMMAR, StructuredSpec
@@ -55,8 +55,11 @@ class GrammarCompiler:
     def compile_now(self, spec: StructuredSpec) -> GrammarState:
         """Compile and wait (tests, benchmarks); raises ``invalid_grammar``."""
         pending = self.submit(spec)
-        pending.future.result(timeout=self.timeout_s)
-        return pending.poll()
+        wait([pending.future], timeout=self.timeout_s)
+        state = pending.poll()
+        if state is None:   # poll() raises past the deadline; this is the last instant before it
+            raise InvalidRequestError(INVALID_GRAMMAR, f"the grammar took longer than {self.timeout_s:g} s to compile")
+        return state
 
     def _compile(self, spec: StructuredSpec):
         import xgrammar as xgr

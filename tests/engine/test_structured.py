@@ -272,3 +272,9 @@ def test_the_grammar_ends_the_request_whatever_min_tokens_says(llm):
     while engine.has_unfinished_requests():
         ended.update({d.request_id: d for d in engine.step() if d.finished})
     assert ended["done"].finish_reason == "stop" and ended["done"].num_output_tokens == len(out.token_ids)
+
+
+def test_compile_now_raises_the_typed_error(grammars):
+    with pytest.raises(InvalidRequestError) as err:
+        grammars.compile_now(StructuredSpec("grammar", "root ::= ("))
+    assert err.value.code == "invalid_grammar"
