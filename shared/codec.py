@@ -33,11 +33,15 @@ def decode_request(raw: object) -> Request:
     if len(raw) > L.MAX_PAYLOAD_BYTES:
         raise _failed(raw, errors.TOO_LARGE,
                       f"payload is {len(raw)} bytes; the limit is {L.MAX_PAYLOAD_BYTES}")
-    # No field of Request is untyped or recursive, so the typed decode fails at the first
-    # level its schema does not have: nesting is bounded before any deep recursion, and the
-    # (slower, Python-level) depth scan runs on failures only. A test keeps it that way.
+    # No field of Request is untyped or recursive but a structured output's JSON Schema, so
+    # the typed decode fails at the first level its schema does not have: nesting is bounded
+    # before any deep recursion, and the (slower, Python-level) depth scan runs on failures
+    # only, and on requests carrying a JSON Schema (untyped). A test keeps it that way.
     try:
-        return _request_decoder.decode(raw)
+        request = _request_decoder.decode(raw)
+        if request.structured is None or not scan(raw).too_deep:
+            return request
+        message = "too deep"
     except (msgspec.DecodeError, ValueError, TypeError) as exc:
         message = str(exc)
     except RecursionError:  # msgspec recursed: the scan below says how deep it went

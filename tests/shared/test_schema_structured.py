@@ -47,3 +47,22 @@ def test_the_schema_and_the_decoder_agree_on_structured():
     assert not disagree, disagree
     accepted = sum(_accepted(p) for p in cases)
     assert 10 < accepted < len(cases) - 10   # both sides of every bound are in the corpus
+
+
+def _nested_schema(levels: int) -> dict:
+    schema: dict = {"type": "string"}
+    for _ in range(levels):
+        schema = {"type": "array", "items": schema}
+    return schema
+
+
+def test_a_json_schema_nested_past_the_depth_limit_is_too_deep():
+    ok = {**BASE, "structured": {"type": "json_schema", "schema": _nested_schema(25)}}   # 28 levels: within 64
+    assert codec.decode_request(json.dumps(ok).encode()).structured.schema["type"] == "array"
+    deep = {**BASE, "structured": {"type": "json_schema", "schema": _nested_schema(70)}}
+    try:
+        codec.decode_request(json.dumps(deep).encode())
+    except errors.ProtocolError as exc:
+        assert exc.code == errors.TOO_DEEP and exc.request_id == "r-1"
+    else:
+        raise AssertionError("a schema nested 73 levels deep was accepted")
