@@ -55,9 +55,11 @@ def _row(entry_id, fields: dict) -> dict:
 
 
 def render(rows: list[dict]) -> str:
-    lines = [f"{'id':<18}{'code':<18}{'deliveries':>10}  {'request_id':<26}{'stream':<44}message"]
+    lines = [f"{'id':<18}{'code':<18}{'reason':<10}{'deliveries':>10}  {'request_id':<26}"
+             f"{'stream':<44}message"]
     for r in rows:
-        lines.append(f"{r['id']:<18}{r.get('code', '-'):<18}{r.get('deliveries', '-'):>10}  "
+        lines.append(f"{r['id']:<18}{r.get('code', '-'):<18}{r.get('reason', '-'):<10}"
+                     f"{r.get('deliveries', '-'):>10}  "
                      f"{(r['request_id'] or '-')[:25]:<26}{r.get('stream', '-')[:43]:<44}"
                      f"{r.get('message', '')[:60]}")
     return "\n".join(lines) + "\n"

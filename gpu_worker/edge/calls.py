@@ -8,6 +8,7 @@ from gpu_worker.edge.options import WorkerOptions
 from gpu_worker.edge.scripts import RequestKeys
 from shared import codec, errors, keys
 from shared.digest import request_digest
+from shared.failures import dead_letter_reason
 from shared.protocol import Choice, Failure, Request, Result, Token
 
 _DEAD_PAYLOAD_BYTES = 4096  # a dead letter keeps the head of the payload, for forensics
@@ -85,5 +86,6 @@ def dead_letter(options: WorkerOptions, entry: Entry, code: str, message: str) -
         raw = raw.encode()
     return ("XADD", keys.dead_letter_key(options.model_name), "MAXLEN", "~",
             options.dead_letter_maxlen, "*", "stream", entry.stream, "entry_id", entry.entry_id,
-            "code", code, "message", message[:1000], "deliveries", entry.deliveries,
+            "code", code, "reason", dead_letter_reason(code), "message", message[:1000],
+            "deliveries", entry.deliveries,
             "worker_id", options.worker_id, "data", raw[:_DEAD_PAYLOAD_BYTES])

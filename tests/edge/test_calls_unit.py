@@ -44,6 +44,9 @@ def test_a_dead_letter_keeps_the_head_of_the_payload_and_a_bounded_message():
                         OPTIONS.dead_letter_maxlen, "*")
     assert len(fields["data"]) == 4096 and len(fields["message"]) == 1000
     assert fields["code"] == "malformed" and fields["entry_id"] == "1-0"
+    assert fields["reason"] == "malformed"
+    poison = calls.dead_letter(OPTIONS, _entry(DEFAULT, "2-0", b"{}"), "poison", "crashed")
+    assert dict(zip(poison[6::2], poison[7::2]))["reason"] == "poison"
 
 
 def test_publish_and_finish_carry_what_the_scripts_check():

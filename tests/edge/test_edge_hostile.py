@@ -91,6 +91,7 @@ def test_the_delivery_count_ends_an_entry_before_it_is_parsed(workers, redis_ser
     _all_acked(r)
     (dead,) = r.xrange(keys.dead_letter_key("default"))
     assert dead[1][b"code"] == b"poison" and int(dead[1][b"deliveries"]) == 7
+    assert dead[1][b"reason"] == b"poison"
 
 
 def test_entries_without_data_or_with_odd_fields_are_dead_lettered(workers, redis_server, r):
