@@ -1,21 +1,18 @@
 """Prometheus metrics of one worker, named as vLLM names its own (``vllm:`` -> ``fleet:``).
 
 Every metric lives in the worker's own :class:`CollectorRegistry` (never the global one),
-labelled with ``model_name`` (the worker's ``--model-name``). The worker calls a small
-observer API from its event-loop thread: :meth:`WorkerMetrics.on_report` once per engine
-pass (steps, load, admissions, token deltas), :meth:`on_terminal` for requests ended before
-any engine work, :meth:`on_dead_letter` and :meth:`on_reclaim`. A failure is either a
-client's *rejection* (a validation code: ``fleet:requests_rejected_total{code}``, never
-dead-lettered) or a *dead letter* (``fleet:requests_dead_lettered_total{reason}``: poison,
-malformed, internal; see :mod:`shared.failures`); each gets a rate-limited log line
-(:mod:`gpu_worker.worker_log`). ``health`` (see
-:mod:`gpu_worker.health`) answers the liveness and readiness probes.
+labelled with ``model_name`` (the worker's ``--model-name``). The worker's event-loop thread
+calls :meth:`WorkerMetrics.on_report` once per engine pass (steps, load, admissions, token
+deltas), :meth:`on_terminal` for requests ended before any engine work, :meth:`on_dead_letter`
+and :meth:`on_reclaim`. A failure is a client's *rejection* (a validation code:
+``fleet:requests_rejected_total{code}``, never dead-lettered) or a *dead letter*
+(``fleet:requests_dead_lettered_total{reason}``, see :mod:`shared.failures`); each gets a
+rate-limited log line (:mod:`gpu_worker.worker_log`). ``health`` answers the probes.
 
-Times: "enqueue" is the Redis server time of the XADD, read from the stream entry id (the
-same clock for every worker, and immune to a client's clock). TTFT and end-to-end latency
-are measured from it, as users see them; queue time runs from it to admission into the
-engine. A request resumed from another worker's progress observes neither TTFT nor queue
-time again (the first worker did).
+Times: "enqueue" is the Redis server time of the XADD, read from the stream entry id (one
+clock for every worker, immune to a client's clock). TTFT and end-to-end latency run from
+it, as users see them; queue time from it to admission. A request resumed from another
+worker's progress observes neither TTFT nor queue time again (the first worker did).
 """
 from __future__ import annotations
 
@@ -30,6 +27,7 @@ from shared.failures import REASONS, dead_letter_reason, is_rejection
 
 RESULT_REASONS = ("stop", "length", "cancelled", "timeout")
 NOT_FINISHED_HERE = ("handoff", "fenced")  # the request goes on elsewhere
+MAX_TENANT_LABELS = 100
 
 # vLLM's buckets, so dashboards and SLOs carry over.
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
@@ -49,13 +47,9 @@ def enqueue_time(entry_id: str) -> float:
 
 @dataclass
 class _Live:
-    """What the metrics remember of one request running here."""
-
+    """What the metrics remember of one request running here (of one of its n samples)."""
     last_token_at: float | None = None
     prompt_counted: bool = False
-
-
-MAX_TENANT_LABELS = 100
 
 
 class WorkerMetrics:
@@ -66,7 +60,8 @@ class WorkerMetrics:
         if process:  # CPU, memory, fds of this process (Linux)
             ProcessCollector(registry=self.registry)
         self.health = Health()
-        self._live: dict[str, _Live] = {}
+        self._live: dict[tuple[str, int], _Live] = {}
+        self._ended: dict[str, tuple[int, str]] = {}  # n > 1: samples ended so far, sample 0's end
         self._totals: dict[tuple, float] = {}  # last cumulative engine counters seen
         g, c, h = self._gauge, self._counter, self._histogram
         self.running = g("fleet:num_requests_running", "Requests in the engine's running batch")
@@ -149,7 +144,8 @@ class WorkerMetrics:
             inf = inflight.get(delta.request_id)
             if inf is not None:  # otherwise fenced: another worker owns it now
                 self.on_delta(delta, enqueue_time(inf.entry.entry_id), now,
-                              resumed=bool(inf.prior_token_ids))
+                              resumed=bool(inf.prior_token_ids),
+                              num_choices=getattr(getattr(inf, "request", None), "n", 1))
                 if delta.new_token_ids:
                     self.tenant_tokens.labels(self.model_name, self.tenant_label(
                         getattr(inf, "tenant", "default"))).inc(len(delta.new_token_ids))
@@ -202,23 +198,32 @@ class WorkerMetrics:
     def on_admit(self, enqueue_ts: float, now: float) -> None:
         self.queue_time.observe(max(now - enqueue_ts, 0.0))
 
-    def on_delta(self, delta, enqueue_ts: float, now: float, *, resumed: bool = False) -> None:
-        """One request's output of one step (a :class:`~gpu_worker.outputs.RequestDelta`)."""
-        live = self._live.setdefault(delta.request_id, _Live())
+    def on_delta(self, delta, enqueue_ts: float, now: float, *, resumed: bool = False,
+                 num_choices: int = 1) -> None:
+        """One request's output of one step (a :class:`~gpu_worker.outputs.RequestDelta`).
+        With n > 1 samples, latencies are per sample, and the request is counted as
+        finished (by sample 0's reason) once, when its last sample ends."""
+        index = getattr(delta, "index", 0)
+        live = self._live.setdefault((delta.request_id, index), _Live())
         if delta.num_prompt_tokens and not live.prompt_counted:
             live.prompt_counted = True
-            self.prompt_tokens.inc(delta.num_prompt_tokens)
+            if index == 0:  # the samples share the prompt
+                self.prompt_tokens.inc(delta.num_prompt_tokens)
         if delta.new_token_ids:
             self.generation_tokens.inc(len(delta.new_token_ids))
             if live.last_token_at is not None:
                 self.itl.observe(max(now - live.last_token_at, 0.0))
-            elif not resumed:
+            elif not resumed and index == 0:
                 self.ttft.observe(max(now - enqueue_ts, 0.0))
             live.last_token_at = now
         if not delta.finished:
             return
-        del self._live[delta.request_id]
+        del self._live[(delta.request_id, index)]
         reason = delta.finish_reason or "error"
+        if num_choices > 1:
+            reason = self._last_sample(delta, reason, num_choices)
+            if reason is None:
+                return
         if reason in NOT_FINISHED_HERE:
             return
         if reason in RESULT_REASONS:
@@ -226,6 +231,16 @@ class WorkerMetrics:
             self._finished(reason)
         else:
             self.failure.labels(self.model_name, delta.error_code or "internal").inc()
+
+    def _last_sample(self, delta, reason: str, num_choices: int) -> str | None:
+        """Count one sample's end: sample 0's reason once the request's last one ended."""
+        ended, first = self._ended.get(delta.request_id, (0, ""))
+        ended, first = ended + 1, (reason if delta.index == 0 else first)
+        if ended < num_choices:
+            self._ended[delta.request_id] = (ended, first)
+            return None
+        self._ended.pop(delta.request_id, None)
+        return first
 
     def on_terminal(self, event, tenant: str | None = None) -> None:
         """A request ended before any engine work (cancelled or expired in the queue, all

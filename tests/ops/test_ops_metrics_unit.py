@@ -73,6 +73,32 @@ def test_per_request_latencies_resume_and_handoff():
     assert value(s, "fleet:e2e_request_latency_seconds_sum") == 4.5
 
 
+def test_n_samples_are_one_request_with_per_sample_latencies():
+    m = WorkerMetrics("m")
+    held = {"a": SimpleNamespace(entry=SimpleNamespace(entry_id="1000000-0"), prior_token_ids=[],
+                                 request=SimpleNamespace(n=3))}
+
+    def delta(index, ids, **kw):
+        return RequestDelta(request_id="a", new_token_ids=ids, new_text="", index=index, **kw)
+
+    m.on_report(_report(deltas=[delta(0, [1], num_prompt_tokens=4)]), held, now=1001.0)
+    m.on_report(_report(deltas=[delta(1, [2], num_prompt_tokens=4), delta(2, [3], num_prompt_tokens=4),
+                                delta(0, [4], finished=True, finish_reason="length")]),
+                held, now=1002.0)
+    assert value(_samples(m), "fleet:request_success_total", finished_reason="length") == 0
+    m.on_report(_report(deltas=[delta(1, [5], finished=True, finish_reason="stop"),
+                                delta(2, [6], finished=True, finish_reason="stop")]), held, now=1003.0)
+    s = _samples(m)
+    assert value(s, "fleet:request_success_total", finished_reason="length") == 1  # sample 0's
+    assert value(s, "fleet:request_success_total", finished_reason="stop") == 0
+    assert value(s, "fleet:e2e_request_latency_seconds_count") == 1
+    assert value(s, "fleet:e2e_request_latency_seconds_sum") == 3.0  # when the last sample ended
+    assert value(s, "fleet:time_to_first_token_seconds_count") == 1
+    assert value(s, "fleet:inter_token_latency_seconds_count") == 3  # each within its own sample
+    assert value(s, "fleet:prompt_tokens_total") == 4  # the shared prompt, once
+    assert value(s, "fleet:generation_tokens_total") == 6
+
+
 def test_fenced_deltas_and_failures_of_unknown_requests_are_not_counted():
     m = WorkerMetrics("m")
     m.on_report(_report(deltas=[RequestDelta(request_id="gone", new_token_ids=[1], new_text="")],
