@@ -17,11 +17,11 @@ work arrives.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 
 from shared.logs import RateLimiter
 from shared.scan import scan
+from shared.stats_line import PeriodicStats, pct
 
 logger = logging.getLogger("gpu_worker.requests")
 stats_logger = logging.getLogger("gpu_worker.stats")
@@ -99,15 +99,11 @@ def stats_fields(before: dict, now: dict, seconds: float) -> dict:
             "dead_lettered": int(d["dead_lettered"]), "preempted": int(d["preempted"])}
 
 
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{100 * x:.1f}%"
-
-
 def stats_message(f: dict) -> str:
     return (f"engine stats: running {f['running']} reqs, waiting {f['waiting']} reqs, "
-            f"KV cache {_pct(f['kv_cache_usage'])}, prompt {f['prompt_tokens_per_s']} tokens/s, "
+            f"KV cache {pct(f['kv_cache_usage'])}, prompt {f['prompt_tokens_per_s']} tokens/s, "
             f"generation {f['generation_tokens_per_s']} tokens/s, prefix cache hit rate "
-            f"{_pct(f['prefix_cache_hit_rate'])}, spec acceptance {_pct(f['spec_acceptance'])}, "
+            f"{pct(f['prefix_cache_hit_rate'])}, spec acceptance {pct(f['spec_acceptance'])}, "
             f"finished {f['finished']}, rejected {f['rejected']}, "
             f"dead-lettered {f['dead_lettered']}")
 
@@ -118,39 +114,17 @@ def _idle(f: dict) -> bool:
                 or f["dead_lettered"])
 
 
-class StatsLogger:
-    """A daemon thread logging :func:`stats_message` every ``interval_s`` (0: never)."""
+class StatsLogger(PeriodicStats):
+    """The worker's :class:`~shared.stats_line.PeriodicStats`: :func:`stats_message` every
+    ``interval_s`` (0: never)."""
 
     def __init__(self, registry, interval_s: float = 10.0, clock=time.monotonic) -> None:
-        self.registry, self.interval_s, self.clock = registry, interval_s, clock
-        self._stop = threading.Event()
+        self.registry = registry
         self._last = snapshot(registry)
-        self._last_at = clock()
-        self._was_idle = False
+        super().__init__(stats_logger, interval_s, clock)
 
-    def tick(self) -> dict | None:
-        """Log one line now (the fields logged, or None when it stayed idle)."""
-        now, at = snapshot(self.registry), self.clock()
-        fields = stats_fields(self._last, now, at - self._last_at)
-        self._last, self._last_at = now, at
-        idle = _idle(fields)
-        if idle and self._was_idle:
-            return None
-        self._was_idle = idle
-        stats_logger.info(stats_message(fields), extra={**fields, "_fields_in_msg": True})
-        return fields
-
-    def start(self) -> StatsLogger:
-        if self.interval_s > 0:
-            threading.Thread(target=self._run, name="stats-log", daemon=True).start()
-        return self
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            try:
-                self.tick()
-            except Exception:  # noqa: BLE001 - a stats line must never end the worker
-                stats_logger.exception("stats line failed")
-
-    def stop(self) -> None:
-        self._stop.set()
+    def measure(self, seconds: float) -> tuple[dict, str, bool]:
+        now = snapshot(self.registry)
+        fields = stats_fields(self._last, now, seconds)
+        self._last = now
+        return fields, stats_message(fields), _idle(fields)

@@ -30,6 +30,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import GaugeMetricFamily
 
 from producer import status
+from producer.stats_log import ExporterStats
 from shared import connect, keys, logs
 from shared.tenants import TenantConfig
 
@@ -184,6 +185,9 @@ def add_parser(sub, add_common) -> None:
                    help="do not create missing consumer groups (read-only ACL users)")
     p.add_argument("--max-tenants", type=int, default=100,
                    help="tenants labelled by name; the rest are summed as tenant=\"_other\"")
+    p.add_argument("--log-stats-interval", type=float, default=10.0,
+                   help="seconds between 'exporter stats' log lines, each one read of the "
+                        "queue (0: none)")
     logs.add_arguments(p)
     p.set_defaults(_run=run)
 
@@ -201,6 +205,7 @@ def run(args: argparse.Namespace) -> int:
     registry = registry_for(args.redis_url, models, ensure=not args.no_ensure_groups,
                             max_tenants=args.max_tenants)
     server = ThreadingHTTPServer((args.host, args.port), _handler(registry))
+    ExporterStats(registry, args.log_stats_interval).start()
     server.daemon_threads = True
     logger.info("exporting %s on http://%s:%d/metrics", ",".join(models), args.host,
                 server.server_address[1])

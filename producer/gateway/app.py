@@ -24,6 +24,7 @@ from producer.gateway.render import Renderer
 from producer.gateway.serve import Call
 from producer.gateway.state import Gateway
 from producer.gateway.tools import forced_tool
+from producer.stats_log import GatewayStats
 from shared import keys
 from shared.protocol import Request
 
@@ -151,7 +152,10 @@ def create_app(options: GatewayOptions) -> Starlette:
         logger.info("gateway serving %s from %s", sorted(options.models),
                     redact(options.redis_url))
         batches.start_runner(app)  # /v1/files + /v1/batches: producer/gateway/batches.py
+        stats = GatewayStats(app.state.metrics.registry, options.log_stats_interval_s,
+                             batches_running=lambda: len(app.state.batch_runner.tasks)).start()
         yield
+        stats.stop()
         await batches.stop_runner(app)
         await app.state.gateway.close()
 

@@ -46,6 +46,8 @@ def add_parser(sub, add_common) -> None:
     p.add_argument("--tokenizer", default=None, metavar="DIR",
                    help="directory with tokenizer.json, to name logprob tokens (default: "
                         "'token_id:N' names)")
+    p.add_argument("--log-stats-interval", type=float, default=10.0,
+                   help="seconds between 'gateway stats' log lines (0: none)")
     logs.add_arguments(p)
     p.set_defaults(_run=run)
 

@@ -3,7 +3,8 @@
 ``fleet:gateway_requests_total{route,method,status}`` counts every HTTP answer (errors the
 gateway shapes included); ``fleet:gateway_request_duration_seconds{route,method}`` is the
 time from the request's arrival to the end of its answer (for a stream: its last event);
-``fleet:gateway_requests_in_flight{route}`` is what is being answered now. ``route`` is the
+``fleet:gateway_requests_in_flight{route}`` is what is being answered now, and
+``fleet:gateway_streams_open`` the event streams (SSE answers) among them. ``route`` is the
 matched route's path template (``/v1/chat/completions``), or ``other`` for a path that
 matches none, so label values stay bounded whatever clients send. Every error answer also
 gets a log line (``request failed``: route, method, status and the OpenAI error's ``code``;
@@ -45,6 +46,8 @@ class GatewayMetrics:
                                   ["route", "method"], buckets=BUCKETS, registry=self.registry)
         self.in_flight = Gauge("fleet:gateway_requests_in_flight", "Requests being answered",
                                ["route"], registry=self.registry)
+        self.streams_open = Gauge("fleet:gateway_streams_open", "Event-stream answers being "
+                                  "sent", registry=self.registry)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -73,12 +76,15 @@ class MetricsMiddleware:
         route, method = route_of(scope), scope.get("method", "GET")
         status = 500  # unless the app answers
         started = time.perf_counter()
-        logged = False
+        logged = streaming = False
 
         async def counting_send(message: Message) -> None:
-            nonlocal status, logged
+            nonlocal status, logged, streaming
             if message["type"] == "http.response.start":
                 status = message["status"]
+                streaming = _is_stream(message)
+                if streaming:
+                    self.metrics.streams_open.inc()
             elif message["type"] == "http.response.body" and status >= 400 and not logged:
                 logged = True
                 _log_error(route, method, status, message.get("body", b""))
@@ -90,8 +96,15 @@ class MetricsMiddleware:
             await self.app(scope, receive, counting_send)
         finally:
             gauge.dec()
+            if streaming:
+                self.metrics.streams_open.dec()
             self.metrics.requests.labels(route, method, str(status)).inc()
             self.metrics.duration.labels(route, method).observe(time.perf_counter() - started)
+
+
+def _is_stream(start: Message) -> bool:
+    return any(k.lower() == b"content-type" and v.startswith(b"text/event-stream")
+               for k, v in start.get("headers", ()))
 
 
 def _log_error(route: str, method: str, status: int, body: bytes) -> None:

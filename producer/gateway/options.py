@@ -45,6 +45,7 @@ class GatewayOptions:
         never be served.
     redis_timeout_s: how long one Redis step of a call (admission, enqueueing, a readiness
         check) may take before the call answers 503.
+    log_stats_interval_s: seconds between ``gateway stats`` log lines (0: none).
     """
 
     redis_url: str
@@ -60,6 +61,7 @@ class GatewayOptions:
     tokenizer: str | None = None
     max_body_bytes: int = L.MAX_PAYLOAD_BYTES
     redis_timeout_s: float = 5.0
+    log_stats_interval_s: float = 10.0
 
     def __post_init__(self) -> None:
         for namespace in self.models.values():
@@ -111,4 +113,5 @@ def options_from_args(args: argparse.Namespace) -> GatewayOptions:
         default_quota=Quota(args.requests_per_minute, args.max_concurrent),
         max_queue=args.max_queue, retry_after_s=args.retry_after,
         default_max_tokens=args.default_max_tokens, request_timeout_s=args.request_timeout,
-        lane=args.lane, tokenizer=args.tokenizer, redis_timeout_s=args.redis_timeout)
+        lane=args.lane, tokenizer=args.tokenizer, redis_timeout_s=args.redis_timeout,
+        log_stats_interval_s=args.log_stats_interval)
