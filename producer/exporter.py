@@ -87,8 +87,9 @@ class QueueCollector:
         started = time.perf_counter()
         up = GaugeMetricFamily("fleet:queue_up", "1 if Redis answered this scrape")
         try:
-            with self._lock:
+            with self._lock:  # the stats line's thread scrapes too: a new dead letter logs once
                 reports = asyncio.run(self._reports())
+                self._log_new_dead_letters(reports)
         except Exception as exc:  # a scrape never raises: it says Redis is down
             logger.warning("cannot read the queue: %s", exc)
             up.add_metric([], 0)
@@ -96,7 +97,6 @@ class QueueCollector:
             return
         up.add_metric([], 1)
         yield up
-        self._log_new_dead_letters(reports)
         yield from families(reports, self.max_tenants)
         took = GaugeMetricFamily("fleet:exporter_scrape_seconds", "Time to read the queue")
         took.add_metric([], time.perf_counter() - started)

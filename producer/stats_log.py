@@ -88,15 +88,15 @@ def gateway_fields(before: dict, now: dict, seconds: float,
             "batches_running": batches_running}
 
 
-def _or_na(x) -> str:
-    return "n/a" if x is None else str(x)
+def _or_na(x, unit: str = "") -> str:
+    return "n/a" if x is None else f"{x}{unit}"
 
 
 def gateway_message(f: dict) -> str:
     return (f"gateway stats: {f['requests_per_s']} req/s (2xx {f['requests_2xx_per_s']}, "
             f"4xx {f['requests_4xx_per_s']}, 5xx {f['requests_5xx_per_s']}), in flight "
-            f"{f['in_flight']}, streams open {f['streams_open']}, p50 {_or_na(f['p50_ms'])} ms, "
-            f"p99 {_or_na(f['p99_ms'])} ms, batches running {_or_na(f['batches_running'])}")
+            f"{f['in_flight']}, streams open {f['streams_open']}, p50 {_or_na(f['p50_ms'], ' ms')}, "
+            f"p99 {_or_na(f['p99_ms'], ' ms')}, batches running {_or_na(f['batches_running'])}")
 
 
 class GatewayStats(PeriodicStats):

@@ -77,7 +77,7 @@ def test_the_gateway_line_counts_outcomes_and_durations_but_not_probes(json_log)
     assert (f["in_flight"], f["streams_open"], f["batches_running"]) == (1, 1, 2)
     (line,) = _lines(json_log.getvalue(), "producer.gateway.stats")
     assert line["msg"].startswith("gateway stats: 2.0 req/s (2xx 1.6, 4xx 0.3, 5xx 0.1), in flight 1")
-    assert line["p99_ms"] == 4875.0 and "batches running 2" in line["msg"]
+    assert line["p99_ms"] == 4875.0 and "p99 4875.0 ms, batches running 2" in line["msg"]
     m.in_flight.labels(chat).dec()
     m.streams_open.dec()
     now[0] = 70.0
@@ -88,7 +88,7 @@ def test_the_gateway_line_counts_outcomes_and_durations_but_not_probes(json_log)
     assert idle["requests"] == 0 and idle["p50_ms"] is None
     now[0] = 90.0
     assert stats.tick() is None  # then quiet
-    assert "p50 n/a ms" in _lines(json_log.getvalue(), "producer.gateway.stats")[-1]["msg"]
+    assert "p50 n/a, p99 n/a," in _lines(json_log.getvalue(), "producer.gateway.stats")[-1]["msg"]
 
 
 def test_the_middleware_counts_an_event_stream_while_it_is_open():
