@@ -9,12 +9,13 @@
 import { randomUUID } from "node:crypto";
 import { runBatch, type BatchOptions, type BatchOutcome } from "./batch";
 import { encodeRequest } from "./codec";
+import { requestDigest } from "./digest";
 import { connect, defaultRedisUrl, type Connection, type ConnectOptions } from "./connect";
 import * as keys from "./keys";
 import type { Lane } from "./keys";
 import { decodeEvent } from "./protocol";
 import type { CancelNotice, Request, RequestFields, ResultEvent, TerminalEvent, TokenEvent } from "./protocol";
-import { RequestStream } from "./stream";
+import { RequestStream, type Stored } from "./stream";
 import { Subscriptions } from "./subscriptions";
 
 export interface ClientOptions extends ConnectOptions {
@@ -72,31 +73,39 @@ export class FleetClient {
    * Subscribe to the request's channel, then add it to its tenant's stream of its lane;
    * the stream of its events. Idempotent by `request_id`: a request already done is not
    * added again (its stored result is returned), and a duplicate is never generated twice.
+   * The same id with a different request ends with {@link IdConflictError} (`id_conflict`),
+   * never with the other request's answer: a stored digest that differs fails it before
+   * anything is sent. `n: 3` gives three choices (`TokenEvent.index`, `ResultEvent.choices`).
    * {@link InvalidRequest} / {@link PayloadTooLarge} before anything is sent if a worker would refuse it.
    */
   async submit(fields: RequestFields): Promise<RequestStream> {
     const request = this.makeRequest(fields);
     const payload = encodeRequest(request);
     const tenant = request.tenant as string;
-    const stream = await this.watch(request.request_id, tenant);
-    if (stream.done) return stream;
+    const stream = await this.watch(request.request_id, tenant, { digest: requestDigest(request) });
+    if (stream.done) return stream; // its stored result, or id_conflict: the id holds another request
+    const streamKey = keys.streamKey(this.model, tenant, request.priority as Lane);
+    let entryId: string | null;
     try {
-      await this.redis.xadd(keys.streamKey(this.model, tenant, request.priority as Lane), "*", keys.STREAM_FIELD, payload);
+      entryId = await this.redis.xadd(streamKey, "*", keys.STREAM_FIELD, payload);
     } catch (err) {
       await stream.close(); // not enqueued: no subscription left behind
       throw err;
     }
+    stream.entryRef = `${streamKey}|${entryId ?? ""}`;
     return stream;
   }
 
   /**
    * The stream of a request submitted elsewhere (or before a restart): subscribes, then
-   * replays what is stored, so nothing published before or after is missed.
+   * replays what is stored, so nothing published before or after is missed. `digest`
+   * ({@link requestDigest} of the request): the stream ends with `id_conflict` rather than
+   * deliver the events of a different request.
    */
-  async watch(requestId: string, tenant: string = this.tenant): Promise<RequestStream> {
+  async watch(requestId: string, tenant: string = this.tenant, options: { digest?: string } = {}): Promise<RequestStream> {
     const channel = keys.eventsChannel(tenant, requestId);
     const stream: RequestStream = new RequestStream(tenant, requestId, {
-      stored: () => this.stored(tenant, requestId),
+      stored: (check) => this.stored(tenant, requestId, check),
       cancel: () => this.cancel(requestId, tenant),
       release: async () => {
         this.streams.delete(stream);
@@ -104,6 +113,7 @@ export class FleetClient {
       },
       pollMs: this.pollMs,
       onWarning: this.options.onWarning,
+      digest: options.digest,
     });
     this.streams.add(stream);
     try {
@@ -149,16 +159,17 @@ export class FleetClient {
     return event.type === "token" ? null : event;
   }
 
-  /** The stored token events, deduplicated by the seq rule, in order. */
+  /** The stored token events, deduplicated by the seq rule (per choice), in order. */
   async getProgress(requestId: string, tenant: string = this.tenant): Promise<TokenEvent[]> {
     const raw = await this.redis.lrangeBuffer(keys.progressKey(tenant, requestId), 0, -1);
     const events: TokenEvent[] = [];
-    let seen = 0;
+    const seen = new Map<number, number>();
     for (const item of raw) {
       const event = decodeEvent(item);
-      if (event.type === "token" && event.seq === seen) {
+      const index = event.type === "token" ? event.index ?? 0 : 0;
+      if (event.type === "token" && event.seq === (seen.get(index) ?? 0)) {
         events.push(event);
-        seen += event.token_ids.length;
+        seen.set(index, event.seq + event.token_ids.length);
       }
     }
     return events;
@@ -176,15 +187,17 @@ export class FleetClient {
     this.redis.disconnect();
   }
 
-  private async stored(tenant: string, requestId: string): Promise<{ progress: Buffer[]; result: Buffer | null }> {
+  private async stored(tenant: string, requestId: string, check: { entryRef: string } | null): Promise<Stored> {
     // One hash tag: on a cluster both keys live in one slot, so this is one round trip.
-    const replies = await this.redis
-      .pipeline()
-      .lrangeBuffer(keys.progressKey(tenant, requestId), 0, -1)
-      .hgetBuffer(keys.stateKey(tenant, requestId), "result")
-      .exec();
+    // HGETs, not HMGET: the shipped ACL users may HGET only.
+    const state = keys.stateKey(tenant, requestId);
+    const pipeline = this.redis.pipeline().lrangeBuffer(keys.progressKey(tenant, requestId), 0, -1).hgetBuffer(state, "result");
+    if (check !== null) pipeline.hgetBuffer(state, "digest").hgetBuffer(state, `conflict:${check.entryRef}`);
+    const replies = await pipeline.exec();
     if (replies === null) throw new Error("pipeline aborted");
     for (const [err] of replies) if (err) throw err;
-    return { progress: replies[0][1] as Buffer[], result: replies[1][1] as Buffer | null };
+    const [progress, result, digest, conflict] = replies.map(([, value]) => value);
+    return { progress: progress as Buffer[], result: result as Buffer | null,
+      digest: (digest ?? null) as Buffer | null, conflict: (conflict ?? null) as Buffer | null };
   }
 }

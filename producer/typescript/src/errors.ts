@@ -18,6 +18,19 @@ export class RequestFailed extends FleetError {
   }
 }
 
+/**
+ * The request id holds a different request (code `id_conflict`): nothing of the other
+ * request's answer was delivered. Use a fresh id for a different request.
+ */
+export class IdConflictError extends RequestFailed {
+  override name = "IdConflictError";
+}
+
+/** The typed error of a failure: {@link IdConflictError} for `id_conflict`, else {@link RequestFailed}. */
+export function failureError(failure: FailureEvent): RequestFailed {
+  return failure.code === "id_conflict" ? new IdConflictError(failure) : new RequestFailed(failure);
+}
+
 /** The request breaks a rule of the protocol; nothing was enqueued (the worker would fail it `malformed`). */
 export class InvalidRequest extends FleetError {
   override name = "InvalidRequest";

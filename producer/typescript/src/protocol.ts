@@ -6,6 +6,7 @@
  * {@link ResultEvent} or {@link FailureEvent} (field `type` tells them apart).
  */
 import type { Lane } from "./keys";
+import { MAX_N } from "./limits";
 
 export type Role = "system" | "user" | "assistant" | "tool";
 
@@ -176,7 +177,8 @@ export function decodeEvent(raw: string | Buffer): Event {
   const e = obj as Record<string, unknown>;
   switch (e.type) {
     case "token":
-      if (isInt(e.seq) && e.seq >= 0 && isIntList(e.token_ids) && typeof e.text === "string") return e as unknown as TokenEvent;
+      if (isInt(e.seq) && e.seq >= 0 && isIntList(e.token_ids) && typeof e.text === "string"
+          && (e.index === undefined || (isInt(e.index) && e.index >= 0 && e.index < MAX_N))) return e as unknown as TokenEvent;
       break;
     case "result":
       if (typeof e.finish_reason === "string" && typeof e.text === "string" && isIntList(e.token_ids)

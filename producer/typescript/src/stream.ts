@@ -2,19 +2,35 @@
  * One submitted request as the client sees it: its tokens in order, exactly once, then its
  * terminal event.
  *
- * The seq rule: an event is taken only when its `seq` equals the number of tokens taken so
- * far (an event may carry several tokens). A copy already seen is dropped; an event beyond
+ * The seq rule, per choice (`index`; a request with `n` > 1 has several): an event is taken
+ * only when its `seq` equals the number of tokens of its choice taken so far (an event may
+ * carry several tokens). A copy already seen is dropped; an event beyond
  * that number means something was missed, and the stored progress (every token event, in
  * order) fills the gap. Silence for `pollMs`, or a reconnected subscription, also reads the
- * stored progress and result, so a lost message never hangs a client.
+ * stored progress and result, so a lost message never hangs a client. A stream given the
+ * request's digest takes nothing before the stored `digest` says the id holds this request,
+ * and ends with `id_conflict` ({@link IdConflictError}) when it holds another.
  */
-import { FleetTimeout, RequestFailed, StreamClosed } from "./errors";
+import { failureError, FleetTimeout, StreamClosed } from "./errors";
 import { decodeEvent, UndecodableEvent } from "./protocol";
-import type { ResultEvent, TerminalEvent, TokenEvent } from "./protocol";
+import type { Choice, FailureEvent, ResultEvent, TerminalEvent, TokenEvent } from "./protocol";
 import { RECONNECTED, type Delivery } from "./subscriptions";
 
-/** What a stream reads from Redis when it recovers: the progress list and the stored result. */
-export type StoredState = () => Promise<{ progress: Buffer[]; result: Buffer | null }>;
+/** What a stream reads from Redis when it recovers: the progress list, the stored result and,
+ * given `check` (a submitter's stream), the state's `digest` and `conflict:<entryRef>` fields. */
+export type StoredState = (check: { entryRef: string } | null) => Promise<Stored>;
+export interface Stored {
+  progress: Buffer[];
+  result: Buffer | null;
+  digest?: Buffer | null;
+  conflict?: Buffer | null;
+}
+
+/** Every choice of a result, in index order (choice 0 alone, its top-level fields, when n is 1). */
+export function allChoices(result: ResultEvent): Choice[] {
+  return result.choices ?? [{ index: 0, finish_reason: result.finish_reason, stop_reason: result.stop_reason,
+    text: result.text, token_ids: result.token_ids }];
+}
 
 export interface StreamHooks {
   stored: StoredState;
@@ -23,13 +39,18 @@ export interface StreamHooks {
   release: () => Promise<void>;
   pollMs: number;
   onWarning?: (message: string) => void;
+  /** The digest of the request this client submitted (none: a watcher, nothing to compare). */
+  digest?: string;
 }
 
 export class RequestStream implements AsyncIterable<TokenEvent> {
-  /** Every token id taken so far, in order. */
-  readonly tokenIds: number[] = [];
-  /** The text of the tokens taken so far (the result's `text` is authoritative). */
-  text = "";
+  /** Every choice's token ids taken so far, in order, by `index`. */
+  readonly choiceTokenIds = new Map<number, number[]>([[0, []]]);
+  /** Every choice's text so far, by `index` (the result's `text` is authoritative). */
+  readonly choiceText = new Map<number, string>([[0, ""]]);
+  /** `<stream key>|<entry id>` once this client has enqueued the request (its conflict field). */
+  entryRef: string | null = null;
+  private verified: boolean;
   private terminal: TerminalEvent | null = null;
   private readonly ready: TokenEvent[] = [];
   private readonly inbox: Delivery[] = [];
@@ -38,7 +59,19 @@ export class RequestStream implements AsyncIterable<TokenEvent> {
   private released = false;
   private pulling: Promise<TokenEvent | null> | null = null;
 
-  constructor(readonly tenant: string, readonly requestId: string, private readonly hooks: StreamHooks) {}
+  constructor(readonly tenant: string, readonly requestId: string, private readonly hooks: StreamHooks) {
+    this.verified = hooks.digest === undefined;
+  }
+
+  /** Choice 0's token ids taken so far (the only choice unless the request has n > 1). */
+  get tokenIds(): number[] {
+    return this.choiceTokenIds.get(0)!;
+  }
+
+  /** Choice 0's text so far. */
+  get text(): string {
+    return this.choiceText.get(0)!;
+  }
 
   /** Called by the subscription with every message of this request's channel. */
   deliver(delivery: Delivery): void {
@@ -51,9 +84,9 @@ export class RequestStream implements AsyncIterable<TokenEvent> {
     return this.terminal !== null;
   }
 
-  /** The index the next token event must start at. */
-  get nextSeq(): number {
-    return this.tokenIds.length;
+  /** The seq the next token event of choice `index` must start at. */
+  nextSeq(index = 0): number {
+    return this.choiceTokenIds.get(index)?.length ?? 0;
   }
 
   async *[Symbol.asyncIterator](): AsyncIterator<TokenEvent> {
@@ -94,7 +127,7 @@ export class RequestStream implements AsyncIterable<TokenEvent> {
     }
     const terminal = this.terminal;
     if (terminal === null) throw new StreamClosed(`the stream of ${this.requestId} was closed`);
-    if (terminal.type === "failure") throw new RequestFailed(terminal);
+    if (terminal.type === "failure") throw failureError(terminal);
     return terminal;
   }
 
@@ -117,15 +150,28 @@ export class RequestStream implements AsyncIterable<TokenEvent> {
 
   /** Fill from the stored progress and result (what pub/sub may have dropped). */
   async recover(): Promise<void> {
-    const { progress, result } = await this.hooks.stored();
+    const check = this.hooks.digest === undefined ? null : { entryRef: this.entryRef ?? "" };
+    const { progress, result, digest = null, conflict = null } = await this.hooks.stored(check);
+    if (this.terminal !== null) return;
+    if (check !== null && (conflict !== null || (digest !== null && digest.toString() !== this.hooks.digest))) {
+      const stored = conflict === null ? null : this.decode(conflict);
+      this.terminal = stored?.type === "failure" ? stored : this.conflictFailure();
+      return;
+    }
+    if (digest !== null || progress.length > 0 || result !== null) this.verified = true; // a worker began it
     for (const raw of progress) {
       const event = this.decode(raw);
       if (event?.type === "token") this.take(event);
     }
-    if (result !== null && this.terminal === null) {
+    if (result !== null) {
       const event = this.decode(result);
-      if (event !== null && event.type !== "token") this.terminal = event;
+      if (event !== null && event.type !== "token") this.end(event);
     }
+  }
+
+  private conflictFailure(): FailureEvent {
+    return { type: "failure", request_id: this.requestId, code: "id_conflict", retryable: false,
+      message: "this request id holds a different request; use a fresh id" };
   }
 
   private async pull(): Promise<TokenEvent | null> {
@@ -153,13 +199,38 @@ export class RequestStream implements AsyncIterable<TokenEvent> {
     if (delivery === null || delivery === RECONNECTED) return this.tryRecover();
     const event = this.decode(delivery);
     if (event === null) return;
-    if (event.type === "token") {
-      if ((event.index ?? 0) === 0 && event.seq > this.nextSeq) await this.tryRecover(); // a gap: the progress has it
-      this.take(event);
-    } else {
-      if (event.type === "result" && event.token_ids.length > this.nextSeq) await this.tryRecover();
-      this.terminal ??= event;
+    if (!this.verified) { // the id's stored digest says whether these events are ours
+      await this.tryRecover();
+      if (!this.verified) return; // unreadable now, or another request's: the next poll decides
     }
+    if (event.type === "token") {
+      if (event.seq > this.nextSeq(event.index ?? 0)) await this.tryRecover(); // a gap: the progress has it
+      this.take(event);
+    } else if (this.terminal === null) {
+      if (this.missing(event)) {
+        await this.tryRecover();
+        if (this.missing(event) && this.terminal === null) return; // still missing: the next poll reads them
+      }
+      this.end(event);
+    }
+  }
+
+  /** Whether the result holds tokens of some choice that no event brought yet. */
+  private missing(event: TerminalEvent): boolean {
+    return event.type === "result" && allChoices(event).some((c) => c.token_ids.length > this.nextSeq(c.index));
+  }
+
+  /** The terminal event; tokens the (authoritative) result holds that no event brought are delivered from it. */
+  private end(event: TerminalEvent): void {
+    for (const c of event.type === "result" ? allChoices(event) : []) {
+      const have = this.choiceTokenIds.get(c.index) ?? [];
+      const text = this.choiceText.get(c.index) ?? "";
+      if (c.token_ids.length > have.length && have.every((t, i) => c.token_ids[i] === t)) {
+        this.take({ type: "token", request_id: this.requestId, seq: have.length, index: c.index,
+          token_ids: c.token_ids.slice(have.length), text: c.text.startsWith(text) ? c.text.slice(text.length) : "" });
+      }
+    }
+    this.terminal = event;
   }
 
   /** The next delivery, or null after `pollMs` of silence. */
@@ -189,10 +260,12 @@ export class RequestStream implements AsyncIterable<TokenEvent> {
   }
 
   private take(event: TokenEvent): void {
-    if ((event.index ?? 0) !== 0) return; // this stream yields choice 0; the result holds every choice
-    if (event.seq !== this.nextSeq) return; // a copy already taken (or, after a failed recovery, still missing)
-    this.tokenIds.push(...event.token_ids);
-    this.text += event.text;
+    const index = event.index ?? 0;
+    if (event.seq !== this.nextSeq(index)) return; // a copy already taken (or, after a failed recovery, still missing)
+    const ids = this.choiceTokenIds.get(index) ?? [];
+    ids.push(...event.token_ids);
+    this.choiceTokenIds.set(index, ids);
+    this.choiceText.set(index, (this.choiceText.get(index) ?? "") + event.text);
     this.ready.push(event);
   }
 
