@@ -7,6 +7,7 @@ import { FleetClient } from "../src/client";
 import { IdConflictError, RequestFailed } from "../src/errors";
 
 async function main(): Promise<void> {
+  if (process.argv.length !== 4) throw new Error("usage: generate_check.js URL REQUEST_JSON");
   const fleet = await FleetClient.connect(process.argv[2], { pollMs: 500 });
   let tokens = 0;
   try {
@@ -25,4 +26,7 @@ async function main(): Promise<void> {
   }
 }
 
-void main();
+main().catch((err: Error) => {
+  process.stderr.write(`${err.message}\n`);
+  process.exitCode = 2;
+});
