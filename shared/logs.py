@@ -66,16 +66,20 @@ class TextFormatter(logging.Formatter):
 
 
 def configure(fmt: str | None = None, level: str | None = None, *, stream=None) -> None:
-    """Route every logger of the process to one handler on ``stream`` (stderr)."""
+    """Route every logger of the process to one handler on ``stream`` (stderr). Called
+    again, it replaces the handler it installed before and leaves others' alone (a test
+    runner's capture, an embedding application's)."""
     fmt = (fmt or os.environ.get("LOG_FORMAT") or "text").lower()
     level = (level or os.environ.get("LOG_LEVEL") or "info").upper()
     if fmt not in FORMATS:
         raise ValueError(f"log format must be one of {FORMATS}, not {fmt!r}")
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    handler.fleet_handler = True
     root = logging.getLogger()
     for old in list(root.handlers):
-        root.removeHandler(old)
+        if getattr(old, "fleet_handler", False) or type(old) is logging.StreamHandler:
+            root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level)
     logging.captureWarnings(True)  # warnings.warn lines go through the same format

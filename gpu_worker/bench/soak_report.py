@@ -17,6 +17,7 @@ import redis.asyncio as aioredis
 from gpu_worker.bench.soak_ledger import ChannelListener, Tally, tally
 from gpu_worker.bench.soak_traffic import TRANSIENT, Traffic, ValidRecord
 from shared import keys
+from shared.failures import is_rejection
 
 _EXAMPLES = 5  # mismatches kept in the report, per kind
 
@@ -103,6 +104,8 @@ def invalid_figures(traffic: Traffic, listener: ChannelListener, dead_entry_ids:
             "with_readable_id": len(addressable), "failed_typed": typed,
             "failure_missing": missing, "terminal_repeated": repeated,
             "stored_by_kind": {k: dict(v) for k, v in codes.items()},
+            "rejected": sum(is_rejection((r.stored or "").removeprefix("failure:") or None)
+                            for r in addressable if (r.stored or "").startswith("failure:")),
             "dead_lettered": sum(r.entry_id in dead_entry_ids for r in traffic.invalid)}
 
 
@@ -160,7 +163,9 @@ def invariants(report: dict) -> dict[str, bool]:
                                                      or v["channel"]["terminal_missing"]),
         "no_unexplained_worker_exit": not report["worker_exits_unexplained"],
         "every_addressable_invalid_entry_failed_once": inv["failed_typed"] == inv["with_readable_id"],
-        "every_invalid_entry_dead_lettered": inv["dead_lettered"] == inv["sent"],
+        # a client's validation failure (e.g. invalid_token_id) is answered, not dead-lettered
+        "every_invalid_entry_dead_lettered_or_rejected":
+            inv["dead_lettered"] + inv["rejected"] == inv["sent"],
         "streams_drained_nothing_pending": end["pending"] == 0 and end["stream_length"] == 0,
         "every_fault_recovered": all(f["recovery_s"] is not None for f in report["faults"]),
     }
@@ -174,7 +179,7 @@ def summary(report: dict) -> str:
         f"valid: {v['sent']} sent, {v['answered']} answered, {v['matching_reference']} match the "
         f"reference, {v['tokens_delivered']} tokens",
         f"invalid: {inv['sent']} sent, {inv['failed_typed']}/{inv['with_readable_id']} typed "
-        f"failures, {inv['dead_lettered']} dead-lettered",
+        f"failures, {inv['dead_lettered']} dead-lettered, {inv['rejected']} rejections",
         f"faults: {report['faults_by_kind']}, max recovery {report['max_recovery_s']} s",
         f"tokens: lost {c['lost']}, repeated {c['repeated']}, out of order {c['out_of_order']}, "
         f"differing {c['differing']} (channel: {v['channel']['repeated']} repeated, "

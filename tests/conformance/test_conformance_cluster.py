@@ -82,7 +82,7 @@ def test_on_a_cluster_the_client_takes_sharded_events_and_fills_gaps(cluster, cl
               "stop_reason": None, "text": "<5><6><7><8><9><10>", "token_ids": [5, 6, 7, 8, 9, 10],
               "usage": {"prompt_tokens": 1, "completion_tokens": 6, "cached_tokens": 0},
               "timings": {"queued_s": None, "ttft_s": None, "total_s": 0.1},
-              "worker_id": "stand-in", "num_resumes": 0}
+              "worker_id": "stand-in", "num_resumes": 0, "choices": None}  # as workers write it
     channel = keys.channel("default", request_id)
     rc.rpush(keys.progress_key("default", request_id), *events)
     for raw in (events[0], events[0], events[2]):  # a copy, and events[1] never published

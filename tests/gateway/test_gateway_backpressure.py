@@ -42,7 +42,7 @@ def test_disconnect_mid_stream_cancels_and_frees_blocks(openai_client, fleet_red
     result = codec.decode_terminal(raw)
     assert result.finish_reason == "cancelled"
     assert 5 <= result.usage.completion_tokens < 1000
-    wait_until(lambda: (s := _worker_status(fleet_redis.url))["running"] == "0"
+    wait_until(lambda: (s := _worker_status(fleet_redis.url))["running"] == 0
                and float(s["kv_usage"]) == 0.0, what="the worker's blocks freed")
 
 

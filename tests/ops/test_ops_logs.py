@@ -68,7 +68,10 @@ def test_text_lines_put_fields_after_the_message(log_stream, monkeypatch):
     monkeypatch.setenv("LOG_LEVEL", "warning")
     logs.configure(stream=buf)  # the environment's defaults
     assert logging.getLogger().level == logging.WARNING
-    assert isinstance(logging.getLogger().handlers[0].formatter, logs.JsonFormatter)
+    (ours,) = [h for h in logging.getLogger().handlers if getattr(h, "fleet_handler", False)]
+    assert isinstance(ours.formatter, logs.JsonFormatter)  # replaced, not added twice
+    others = [h for h in logging.getLogger().handlers if h is not ours]
+    assert any(isinstance(h, logging.StreamHandler) for h in others)  # pytest's capture survives
     with pytest.raises(ValueError):
         logs.configure("xml")
 
