@@ -240,3 +240,15 @@ def test_the_image_has_the_c_compiler_triton_and_the_cpu_kernels_need():
     install = re.search(r"apt-get install[^\n]*(?:\n[^\n]*\\\n?)*[^\n]*", (REPO / "ops" / "Dockerfile").read_text())
     packages = set(install.group(0).replace("\\", " ").split())
     assert {"gcc", "libc6-dev", "python3-dev"} <= packages
+
+
+def test_fleet_containers_log_json_lines():
+    """Worker, gateway and exporter pods log one JSON object per line (LOG_FORMAT is what
+    their --log-format defaults to), and the value is one the parsers take."""
+    from shared.logs import FORMATS
+
+    fleet = [c for _, c in _containers() if c.get("args", [""])[0] in ("worker", "gateway", "exporter")]
+    assert {c["args"][0] for c in fleet} == {"worker", "gateway", "exporter"}
+    for c in fleet:
+        env = {e["name"]: e.get("value") for e in c.get("env", [])}
+        assert env.get("LOG_FORMAT") == "json" and "json" in FORMATS, c["name"]
