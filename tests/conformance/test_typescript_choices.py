@@ -13,7 +13,8 @@ import subprocess
 from shared import codec, keys
 from shared.digest import request_digest
 from tests.conformance.harness import TS_DIR, TypeScriptClient, wait_until
-from tests.shared.test_schema import _accepted, request_corpus
+from tests.shared.schema_check import decoder_accepts
+from tests.shared.test_schema import request_corpus
 
 PROMPT = [1, 504, 3058, 314, 4649, 30, 9876, 42] * 3
 SAMPLED = {"prompt_token_ids": PROMPT, "temperature": 1.0, "ignore_eos": True, "seed": 11}
@@ -66,8 +67,8 @@ def _ts(node_client, script: str, *args: str, timeout: float = 120) -> dict:
 
 
 def test_the_digest_is_byte_identical_to_python(node_client, tmp_path):
-    corpus = [p for _, p in request_corpus() if _accepted(p)] + EXTRA + _random_requests(300)
-    assert all(_accepted(p) for p in corpus[-300:])
+    corpus = [p for _, p in request_corpus() if decoder_accepts(p)] + EXTRA + _random_requests(300)
+    assert all(decoder_accepts(p) for p in corpus[-300:])
     (tmp_path / "requests.json").write_text(json.dumps(corpus))
     out = _ts(node_client, "digest_check.js", str(tmp_path / "requests.json"))
     assert len(out["digests"]) == len(corpus) > 200

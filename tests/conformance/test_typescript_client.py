@@ -9,7 +9,8 @@ import subprocess
 from shared import keys, limits
 from shared.schema import protocol_schema
 from tests.conformance.harness import REPO, TS_DIR
-from tests.shared.test_schema import _accepted, request_corpus
+from tests.shared.schema_check import decoder_accepts
+from tests.shared.test_schema import request_corpus
 
 # Where the worker of this version is more lenient than the protocol (docs/protocol.md,
 # "Known gaps"): the TypeScript client and Ajv refuse these, the worker still takes them.
@@ -70,7 +71,7 @@ def test_ajv_and_the_client_accept_what_the_worker_decodes(node_client, tmp_path
                                str(tmp_path / "requests.json"), str(tmp_path / "messages.json"))
     disagree = []
     for (label, payload), verdict in zip(corpus, out["requests"]):
-        worker = _accepted(payload)
+        worker = decoder_accepts(payload)
         if (verdict["ajv"], verdict["client"]) != (worker, worker) and label not in KNOWN_GAPS:
             disagree.append((label, worker, verdict))
     assert len(out["requests"]) == len(corpus) > 300

@@ -18,17 +18,13 @@ from shared.protocol import Failure, Result, Timings, Token, TokenLogprob, Usage
 from shared.schema import MAX_SAFE_INTEGER, protocol_schema
 from shared.tenants import IMPLICIT_DEFAULT, TenantConfig
 from shared.tenants import encode as encode_tenant
+from tests.shared.schema_check import decoder_accepts, validator
 
 BASE = {"request_id": "r-1", "prompt": "hi"}
 PROMPT_FORMS = ("prompt", "messages", "prompt_token_ids")
 
 # Cases where the schema and the decoder may disagree, and why (docs/protocol.md says so).
 KNOWN_GAPS: dict[str, str] = {}  # none left: the decoder bounds seed to 2^53-1 too
-
-
-def validator(name: str) -> jsonschema.Draft202012Validator:
-    schema = protocol_schema()
-    return jsonschema.Draft202012Validator({"$ref": f"#/$defs/{name}", "$defs": schema["$defs"]})
 
 
 def _non_null(schema: dict) -> dict:
@@ -133,14 +129,6 @@ def request_corpus() -> list[tuple[str, dict]]:
     return cases
 
 
-def _accepted(payload) -> bool:
-    try:
-        codec.decode_request(json.dumps(payload).encode())
-    except errors.ProtocolError:
-        return False
-    return True
-
-
 def test_the_schema_is_valid_draft_2020_12():
     jsonschema.Draft202012Validator.check_schema(protocol_schema())
 
@@ -148,9 +136,9 @@ def test_the_schema_is_valid_draft_2020_12():
 def test_the_schema_accepts_exactly_what_the_worker_decodes():
     check = validator("Request")
     corpus = request_corpus()
-    disagree = [(label, check.is_valid(payload), _accepted(payload))
+    disagree = [(label, check.is_valid(payload), decoder_accepts(payload))
                 for label, payload in corpus
-                if check.is_valid(payload) != _accepted(payload) and label not in KNOWN_GAPS]
+                if check.is_valid(payload) != decoder_accepts(payload) and label not in KNOWN_GAPS]
     assert len(corpus) > 300
     assert not disagree, disagree
 

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import json
 
-import jsonschema
-
 from shared import codec, errors, limits as L
-from shared.schema import protocol_schema
+from tests.shared.schema_check import decoder_accepts, validator
 
 BASE = {"request_id": "r-1", "prompt": "hi"}
 N, C, K = L.MAX_STRUCTURED_SPEC_CHARS, L.MAX_CHOICE_CHARS, L.MAX_CHOICES
@@ -31,21 +29,12 @@ def corpus() -> list:
     return [{**BASE, "structured": v} for v in values]
 
 
-def _accepted(payload) -> bool:
-    try:
-        codec.decode_request(json.dumps(payload).encode())
-    except errors.ProtocolError:
-        return False
-    return True
-
-
 def test_the_schema_and_the_decoder_agree_on_structured():
-    schema = protocol_schema()
-    validator = jsonschema.Draft202012Validator({"$ref": "#/$defs/Request", "$defs": schema["$defs"]})
+    check = validator("Request")
     cases = corpus()
-    disagree = [json.dumps(p)[:120] for p in cases if validator.is_valid(p) != _accepted(p)]
+    disagree = [json.dumps(p)[:120] for p in cases if check.is_valid(p) != decoder_accepts(p)]
     assert not disagree, disagree
-    accepted = sum(_accepted(p) for p in cases)
+    accepted = sum(decoder_accepts(p) for p in cases)
     assert 10 < accepted < len(cases) - 10   # both sides of every bound are in the corpus
 
 
