@@ -124,7 +124,7 @@ def plot(report: dict, path: Path) -> Path:
     fig.suptitle(f"{report['model']}: {report['requests']} mixed-length requests, one every "
                  f"{report['interval_ms']:.0f} ms, greedy, {report['threads']} threads; "
                  f"{report['repeats']} alternating runs a side, pooled\n"
-                 f"{m['cpu']} - {m['date']} - {load} on {m['cpus']} cores shared with other work",
+                 f"{m['cpu']} - {m['date']} - {load} on {m['cpus']} cores",
                  fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
