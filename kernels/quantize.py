@@ -1,10 +1,11 @@
-"""Weight-only quantization (offline, pure torch): INT8 per output channel, INT4 per group.
+"""Weight-only quantization (offline, pure torch): INT8 per output channel or per group, INT4 per group.
 
 These functions are both the production quantizers (run once at load time) and, through
 the dequantizers, the references the matmul kernels are tested against. All statistics
 are computed in float32; scales and minima are stored in float32.
 
-INT8: symmetric, w ~= q * scale[n], q in [-127, 127].
+INT8: symmetric, w ~= q * scale[n] (per channel) or q * scale[n, g] (per group of input
+      features), q in [-127, 127].
 INT4: asymmetric per group of `group_size` consecutive input features,
       w ~= q * scales[n, g] + mins[n, g], q in [0, 15], two codes per byte along K
       (the even k in the low nibble, the odd k in the high nibble).
@@ -15,20 +16,30 @@ import torch
 INT4_MAX_CODE = 15
 
 
-def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """w [N, K] float -> (qweight [N, K] int8, scale [N] float32)."""
+def quantize_int8(w: torch.Tensor, group_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [N, K] float -> (qweight [N, K] int8, scale float32): per output channel (scale [N])
+    when ``group_size`` is None, else per group of ``group_size`` consecutive input features
+    (scale [N, K // group_size]; K must be a multiple of it)."""
     if w.dim() != 2 or not w.is_floating_point():
         raise ValueError(f"w must be a 2-D float tensor, got {w.dtype} {tuple(w.shape)}")
-    wf = w.float()
-    # An all-zero row keeps scale > 0 so dequantization never divides by or yields NaN.
-    scale = (wf.abs().amax(dim=1) / 127.0).clamp_min(torch.finfo(torch.float32).tiny)
-    qweight = torch.round(wf / scale[:, None]).clamp_(-127, 127).to(torch.int8)
-    return qweight, scale
+    n, k = w.shape
+    g = k if group_size is None else group_size
+    if g < 1 or k % g:
+        raise ValueError(f"K={k} is not a multiple of group_size={group_size}")
+    wf = w.float().reshape(n, k // g, g)
+    # An all-zero group keeps scale > 0 so dequantization never divides by or yields NaN.
+    scale = (wf.abs().amax(dim=2) / 127.0).clamp_min(torch.finfo(torch.float32).tiny)
+    qweight = torch.round(wf / scale[..., None]).clamp_(-127, 127).to(torch.int8).reshape(n, k)
+    return qweight, (scale[:, 0] if group_size is None else scale)
 
 
 def dequantize_int8(qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """(qweight [N, K] int8, scale [N]) -> w [N, K] float32."""
-    return qweight.float() * scale.float()[:, None]
+    """(qweight [N, K] int8, scale [N] or [N, K // group]) -> w [N, K] float32."""
+    if scale.dim() == 1:
+        return qweight.float() * scale.float()[:, None]
+    n, k = qweight.shape
+    groups = scale.shape[1]
+    return (qweight.float().reshape(n, groups, k // groups) * scale.float()[..., None]).reshape(n, k)
 
 
 def quantize_int4(w: torch.Tensor, group_size: int = 128) -> tuple[torch.Tensor, ...]:
