@@ -1,0 +1,162 @@
+"""Matmuls that read packed fp32 / bf16 / int8 / int4 weights directly (the C kernels of linear.c).
+
+``y = x W^T (+ b)`` with W packed once, at load, by a ``pack_*`` function into tiles of
+``TILE`` output channels, K-major inside a tile, so that a tile is one contiguous stream:
+
+- f32:  data [NT, K, TILE] float32
+- bf16: data [NT, K, TILE] bfloat16 (rounded to nearest even)
+- int8: data [NT, K, TILE] int8, scales [NT, K // G, TILE] float32 (w = q * scale)
+- int4: data [NT, K // 2, TILE] uint8, one byte per (k pair, channel): the even k in the low
+  nibble, the odd k in the high one; scales and mins [NT, K // G, TILE] (w = q * scale + min)
+
+NT = ceil(N / TILE); the padding channels are zero and never written out. The kernels
+dequantize in registers and accumulate in float32; :func:`reference_linear` (dequantize,
+then ``F.linear``) is their test oracle. The int8/int4 formats are those of
+:mod:`kernels.quantize`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from kernels.quantize import dequantize_int4, dequantize_int8
+
+TILE = 32
+FORMATS = ("f32", "bf16", "int8", "int4")
+
+
+@dataclass(frozen=True)
+class PackedWeight:
+    """A [N, K] weight in one of :data:`FORMATS`, in the tiled layout above (CPU, contiguous)."""
+    fmt: str
+    n: int
+    k: int
+    group: int                   # input features per scale; k for per-channel int8; 0 for f32/bf16
+    data: torch.Tensor
+    scales: torch.Tensor | None
+    mins: torch.Tensor | None
+
+
+def _tiles(t: torch.Tensor) -> torch.Tensor:
+    """[N, C] -> [ceil(N / TILE), C, TILE], contiguous, padding channels zero."""
+    n, c = t.shape
+    pad = -n % TILE
+    if pad:
+        t = torch.cat([t, t.new_zeros(pad, c)])
+    return t.reshape(-1, TILE, c).transpose(1, 2).contiguous()
+
+
+def _untiles(t: torch.Tensor, n: int) -> torch.Tensor:
+    """Inverse of :func:`_tiles`: [NT, C, TILE] -> [n, C]."""
+    return t.transpose(1, 2).reshape(-1, t.shape[1])[:n]
+
+
+def _check_weight(w: torch.Tensor, what: str) -> tuple[int, int]:
+    if w.dim() != 2 or w.shape[0] < 1 or w.shape[1] < 1:
+        raise ValueError(f"{what} must be 2-D and non-empty, got {tuple(w.shape)}")
+    return int(w.shape[0]), int(w.shape[1])
+
+
+def _check_group(k: int, group: int) -> None:
+    if group < 16 or group % 16 or k % group:
+        raise ValueError(f"group size {group} must be a multiple of 16 that divides K={k}")
+
+
+def pack_f32(w: torch.Tensor) -> PackedWeight:
+    """w [N, K] float -> f32 tiles."""
+    n, k = _check_weight(w, "w")
+    return PackedWeight("f32", n, k, 0, _tiles(w.detach().float()), None, None)
+
+
+def pack_bf16(w: torch.Tensor) -> PackedWeight:
+    """w [N, K] float -> bf16 tiles (round to nearest even)."""
+    n, k = _check_weight(w, "w")
+    return PackedWeight("bf16", n, k, 0, _tiles(w.detach().to(torch.bfloat16)), None, None)
+
+
+def pack_int8(qweight: torch.Tensor, scale: torch.Tensor) -> PackedWeight:
+    """quantize_int8's output: qweight [N, K] int8, scale [N] (per channel) or [N, K // G]."""
+    n, k = _check_weight(qweight, "qweight")
+    if qweight.dtype != torch.int8:
+        raise ValueError(f"qweight must be int8, got {qweight.dtype}")
+    scale = scale.detach().float()
+    scale = scale[:, None] if scale.dim() == 1 else scale
+    if scale.dim() != 2 or scale.shape[0] != n or k % scale.shape[1]:
+        raise ValueError(f"scale {tuple(scale.shape)} does not fit qweight {(n, k)}")
+    group = k // scale.shape[1]
+    if scale.shape[1] > 1:
+        _check_group(k, group)
+    return PackedWeight("int8", n, k, group, _tiles(qweight.detach()), _tiles(scale), None)
+
+
+def pack_int4(packed: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, group_size: int) -> PackedWeight:
+    """quantize_int4's output: packed [N, K // 2] uint8, scales and mins [N, K // group_size]."""
+    n, half = _check_weight(packed, "packed")
+    k = 2 * half
+    if packed.dtype != torch.uint8:
+        raise ValueError(f"packed must be uint8, got {packed.dtype}")
+    _check_group(k, group_size)
+    if group_size == k:
+        raise ValueError("int4 needs groups smaller than K (per-channel int4 is not served)")
+    shape = (n, k // group_size)
+    if tuple(scales.shape) != shape or tuple(mins.shape) != shape:
+        raise ValueError(f"scales/mins must be {shape}, got {tuple(scales.shape)}, {tuple(mins.shape)}")
+    return PackedWeight("int4", n, k, group_size, _tiles(packed.detach()), _tiles(scales.detach().float()),
+                        _tiles(mins.detach().float()))
+
+
+def dequantize(w: PackedWeight) -> torch.Tensor:
+    """The [N, K] float32 weight that ``w`` stands for."""
+    data = _untiles(w.data, w.n)
+    if w.fmt in ("f32", "bf16"):
+        return data.float()
+    scales = _untiles(w.scales, w.n)
+    if w.fmt == "int8":
+        return dequantize_int8(data, scales)
+    return dequantize_int4(data, scales, _untiles(w.mins, w.n), w.group)
+
+
+def reference_linear(x: torch.Tensor, w: PackedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Pure torch: dequantize, then ``F.linear`` in float32 (the kernels' test oracle)."""
+    return F.linear(x.float(), dequantize(w), None if bias is None else bias.float())
+
+
+def _library():
+    """This process's CPU kernels (built on first use), or None."""
+    from gpu_worker.model.ops.cpu_native import loaded_kernels
+
+    return loaded_kernels()
+
+
+def supported(fmt: str) -> bool:
+    """The kernels built and this CPU runs ``fmt``'s fast path (AVX-512 F/BW)."""
+    lib = _library()
+    return (fmt in FORMATS and lib is not None and hasattr(lib, "linear")
+            and lib.linear_supported(FORMATS.index(fmt)))
+
+
+def _check_call(x: torch.Tensor, w: PackedWeight, bias: torch.Tensor | None, out: torch.Tensor | None) -> None:
+    """ValueError for inputs the kernels do not take (callers then fall back)."""
+    if x.dtype != torch.float32 or x.device.type != "cpu" or x.dim() != 2 or not x.is_contiguous():
+        raise ValueError("linear needs x as a contiguous float32 CPU [M, K] tensor")
+    if x.shape[1] != w.k:
+        raise ValueError(f"x has {x.shape[1]} features, the weight takes {w.k}")
+    if bias is not None and (bias.dtype != torch.float32 or bias.shape != (w.n,) or not bias.is_contiguous()):
+        raise ValueError(f"bias must be a contiguous float32 [{w.n}] tensor")
+    if out is not None and (out.dtype != torch.float32 or out.shape != (x.shape[0], w.n) or not out.is_contiguous()):
+        raise ValueError(f"out must be a contiguous float32 [{x.shape[0]}, {w.n}] tensor")
+
+
+def linear(x: torch.Tensor, w: PackedWeight, bias: torch.Tensor | None = None,
+           out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] float32 -> [M, N] float32 (written into ``out`` when given). Where the kernels
+    do not run on this CPU (see :func:`supported`) it computes :func:`reference_linear`."""
+    _check_call(x, w, bias, out)
+    if out is None:
+        out = torch.empty(x.shape[0], w.n, dtype=torch.float32)
+    if not supported(w.fmt):
+        return out.copy_(reference_linear(x, w, bias))
+    _library().linear(x, w, bias, out)
+    return out
