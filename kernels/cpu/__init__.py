@@ -27,7 +27,7 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-SOURCES = ("paged_decode.c", "paged_prefill.c", "glue.c")
+SOURCES = ("paged_decode.c", "paged_prefill.c", "glue.c", "linear.c")
 HEADERS = ("simd.h", "paged.h")
 # -ffp-contract=off: no fused multiply-adds beyond the ones the kernels ask for, so the glue
 # rounds as torch does (glue.c).
@@ -51,6 +51,9 @@ class CpuKernels:
                             _I64, ctypes.c_float, _P, ctypes.c_int)
         self._vectorized = {"decode": _fn(lib.fleet_paged_decode_vectorized, _I64, _I64, _I64, _I64),
                             "prefill": _fn(lib.fleet_paged_prefill_vectorized, _I64, _I64, _I64, _I64)}
+        self._linear = _fn(lib.fleet_linear, ctypes.c_int, _P, _I64, _I64, _I64, _I64, _P, _P, _P, _P, _P,
+                           ctypes.c_int)
+        self._linear_supported = _fn(lib.fleet_linear_supported, ctypes.c_int)
 
     def vectorized(self, heads: int, kv_heads: int, head_dim: int, block_size: int, op: str = "decode") -> bool:
         """Whether the SIMD path (rather than the portable loops) of ``op`` ("decode" or
@@ -154,6 +157,21 @@ class CpuKernels:
         _check("silu_and_mul", _f32_dense(x, out) and x.dim() == out.dim() == 2 and x.shape[0] == out.shape[0]
                and x.shape[1] == 2 * out.shape[1], "float32 CPU contiguous x [n, 2I] and out [n, I]")
         self._silu_mul(x.data_ptr(), out.data_ptr(), x.shape[0], out.shape[1], torch.get_num_threads())
+
+
+    # -- matmuls over packed weights (linear.c; the API and the checks are in linear.py) ----
+    def linear_supported(self, fmt: int) -> bool:
+        """Whether the kernel for format ``fmt`` (an index into linear.FORMATS) runs here."""
+        return bool(self._linear_supported(fmt))
+
+    def linear(self, x: torch.Tensor, w, bias: torch.Tensor | None, out: torch.Tensor) -> None:
+        """out [M, N] = x [M, K] W^T (+ bias) for a checked linear.PackedWeight ``w``."""
+        from kernels.cpu.linear import FORMATS
+
+        ptr = [0 if t is None else t.data_ptr() for t in (w.scales, w.mins, bias)]
+        rc = self._linear(FORMATS.index(w.fmt), x.data_ptr(), x.shape[0], w.n, w.k, w.group, w.data.data_ptr(),
+                          *ptr, out.data_ptr(), torch.get_num_threads())
+        _check("linear", rc == 0, f"a format and group the kernel serves (code {rc})")
 
 
 def _f32_dense(*tensors: torch.Tensor) -> bool:

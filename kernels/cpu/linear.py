@@ -133,8 +133,7 @@ def _library():
 def supported(fmt: str) -> bool:
     """The kernels built and this CPU runs ``fmt``'s fast path (AVX-512 F/BW)."""
     lib = _library()
-    return (fmt in FORMATS and lib is not None and hasattr(lib, "linear")
-            and lib.linear_supported(FORMATS.index(fmt)))
+    return fmt in FORMATS and lib is not None and lib.linear_supported(FORMATS.index(fmt))
 
 
 def _check_call(x: torch.Tensor, w: PackedWeight, bias: torch.Tensor | None, out: torch.Tensor | None) -> None:

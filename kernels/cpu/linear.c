@@ -1,0 +1,207 @@
+/* y = x W^T (+ b) over weights packed by kernels/cpu/linear.py: fp32, bf16, int8 and int4,
+ * each read in its own bytes and dequantized in registers, accumulated in float32.
+ *
+ * The weight comes in tiles of TILE = 32 output channels, K-major inside a tile (one
+ * contiguous stream per tile; see linear.py for each format's bytes). Work is split over
+ * OpenMP threads by tile. Inside a tile, rows go in register blocks of up to RB: RB x 32
+ * accumulators, each weight vector decoded once per block and multiplied into every row
+ * with x broadcast from memory. With at most RB rows every weight byte is read once and
+ * decoded once. With more rows, a quantized or bf16 tile is first decoded into a per-thread
+ * float32 buffer of the fp32 layout ([K][32], in L2), which every row block then reads.
+ *
+ * Numerics: int8 weights are q * scale, int4 q * scale + min in one fused multiply-add,
+ * bf16 exact; sums in float32 in k order. Results differ from dequantize-then-F.linear by
+ * float32 rounding only.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "simd.h"
+
+#define TILE 32
+#define RB 8           /* rows per register block */
+enum { FMT_F32 = 0, FMT_BF16 = 1, FMT_INT8 = 2, FMT_INT4 = 3, FMT_COUNT = 4 };
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#define AI static inline __attribute__((always_inline))
+
+typedef struct {        /* one tile of a packed weight */
+    const void *data;   /* the codes or weights of the tile */
+    const float *scales, *mins;   /* [K / G][TILE] each, int8/int4 */
+    int64_t k, group;
+} tile_t;
+
+AI void bf16_pair(const uint16_t *p, __m512 w[2]) {
+    for (int h = 0; h < 2; h++) {
+        const __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p + 16 * h)));
+        w[h] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+    }
+}
+
+AI void int8_pair(const int8_t *p, const __m512 s[2], __m512 w[2]) {
+    for (int h = 0; h < 2; h++) {
+        const __m512i v = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 16 * h)));
+        w[h] = _mm512_mul_ps(_mm512_cvtepi32_ps(v), s[h]);
+    }
+}
+
+/* Two k of 32 channels from 32 bytes: w[0..1] the even k (low nibbles), w[2..3] the odd. */
+AI void int4_quad(const uint8_t *p, const __m512 s[2], const __m512 m[2], __m512 w[4]) {
+    const __m512i low = _mm512_set1_epi32(15);
+    for (int h = 0; h < 2; h++) {
+        const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 16 * h)));
+        w[h] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(v, low)), s[h], m[h]);
+        w[2 + h] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4)), s[h], m[h]);
+    }
+}
+
+AI void load_pair(const float *p, __m512 v[2]) {
+    v[0] = _mm512_loadu_ps(p);
+    v[1] = _mm512_loadu_ps(p + 16);
+}
+
+/* acc[r] += x[r][k] * w for the block's R rows. */
+AI void fma_rows(const int R, __m512 acc[RB][2], const float *x, int64_t ldx, int64_t k, const __m512 *w) {
+    for (int r = 0; r < R; r++) {
+        const __m512 xb = _mm512_set1_ps(x[r * ldx + k]);
+        acc[r][0] = _mm512_fmadd_ps(xb, w[0], acc[r][0]);
+        acc[r][1] = _mm512_fmadd_ps(xb, w[1], acc[r][1]);
+    }
+}
+
+/* The accumulators of R rows over one tile, every k, weights decoded from fmt. */
+AI void accumulate(const int fmt, const int R, __m512 acc[RB][2], const float *x, int64_t ldx, const tile_t *t) {
+    __m512 w[4], s[2], m[2];
+    const int64_t K = t->k, G = t->group;
+    if (fmt == FMT_F32) {
+        for (int64_t k = 0; k < K; k++) {
+            load_pair((const float *)t->data + k * TILE, w);
+            fma_rows(R, acc, x, ldx, k, w);
+        }
+    } else if (fmt == FMT_BF16) {
+        for (int64_t k = 0; k < K; k++) {
+            bf16_pair((const uint16_t *)t->data + k * TILE, w);
+            fma_rows(R, acc, x, ldx, k, w);
+        }
+    } else {
+        for (int64_t k0 = 0; k0 < K; k0 += G) {
+            load_pair(t->scales + k0 / G * TILE, s);
+            if (fmt == FMT_INT8) {
+                for (int64_t k = k0; k < k0 + G; k++) {
+                    int8_pair((const int8_t *)t->data + k * TILE, s, w);
+                    fma_rows(R, acc, x, ldx, k, w);
+                }
+            } else {
+                load_pair(t->mins + k0 / G * TILE, m);
+                for (int64_t k = k0; k < k0 + G; k += 2) {
+                    int4_quad((const uint8_t *)t->data + k / 2 * TILE, s, m, w);
+                    fma_rows(R, acc, x, ldx, k, w);
+                    fma_rows(R, acc, x, ldx, k + 1, w + 2);
+                }
+            }
+        }
+    }
+}
+
+/* out[r][0..cols) = acc[r] (+ bias) for R rows; cols <= TILE. */
+AI void store_rows(const int R, __m512 acc[RB][2], const float *bias, float *out, int64_t ldo, int cols) {
+    const __mmask16 mask[2] = {cols >= 16 ? 0xFFFF : (__mmask16)((1u << cols) - 1),
+                               cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : (__mmask16)((1u << (cols - 16)) - 1)};
+    for (int h = 0; h < 2; h++) {
+        const __m512 b = bias ? _mm512_maskz_loadu_ps(mask[h], bias + 16 * h) : _mm512_setzero_ps();
+        for (int r = 0; r < R; r++)
+            _mm512_mask_storeu_ps(out + r * ldo + 16 * h, mask[h], _mm512_add_ps(acc[r][h], b));
+    }
+}
+
+typedef void (*block_fn)(const float *x, int64_t ldx, const tile_t *t, const float *bias, float *out,
+                         int64_t ldo, int cols);
+
+#define BLOCK(FMT, R)                                                                             \
+    static void block_##FMT##_##R(const float *x, int64_t ldx, const tile_t *t, const float *bias, \
+                                  float *out, int64_t ldo, int cols) {                           \
+        __m512 acc[RB][2];                                                                        \
+        for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();                  \
+        accumulate(FMT, R, acc, x, ldx, t);                                                       \
+        store_rows(R, acc, bias, out, ldo, cols);                                                 \
+    }
+#define BLOCKS(FMT) BLOCK(FMT, 1) BLOCK(FMT, 2) BLOCK(FMT, 3) BLOCK(FMT, 4) \
+                    BLOCK(FMT, 5) BLOCK(FMT, 6) BLOCK(FMT, 7) BLOCK(FMT, 8)
+#define TABLE(FMT) {NULL, block_##FMT##_1, block_##FMT##_2, block_##FMT##_3, block_##FMT##_4, \
+                    block_##FMT##_5, block_##FMT##_6, block_##FMT##_7, block_##FMT##_8}
+BLOCKS(FMT_F32) BLOCKS(FMT_BF16) BLOCKS(FMT_INT8) BLOCKS(FMT_INT4)
+static const block_fn blocks[FMT_COUNT][RB + 1] = {TABLE(FMT_F32), TABLE(FMT_BF16), TABLE(FMT_INT8),
+                                                   TABLE(FMT_INT4)};
+
+/* A tile decoded into buf [K][TILE] float32 (the fp32 tile layout). */
+static void decode_tile(int fmt, const tile_t *t, float *buf) {
+    __m512 w[4], s[2], m[2];
+    const int64_t K = t->k, G = t->group ? t->group : t->k;
+    for (int64_t k0 = 0; k0 < K; k0 += G) {
+        if (fmt != FMT_BF16) load_pair(t->scales + k0 / G * TILE, s);
+        if (fmt == FMT_INT4) load_pair(t->mins + k0 / G * TILE, m);
+        for (int64_t k = k0; k < k0 + G; k += (fmt == FMT_INT4 ? 2 : 1)) {
+            if (fmt == FMT_BF16) bf16_pair((const uint16_t *)t->data + k * TILE, w);
+            else if (fmt == FMT_INT8) int8_pair((const int8_t *)t->data + k * TILE, s, w);
+            else int4_quad((const uint8_t *)t->data + k / 2 * TILE, s, m, w);
+            for (int j = 0; j < (fmt == FMT_INT4 ? 4 : 2); j++) _mm512_storeu_ps(buf + k * TILE + 16 * j, w[j]);
+        }
+    }
+}
+
+/* Tile i of the packed weight: its bytes and scales. */
+static tile_t tile_at(int fmt, const void *data, const float *scales, const float *mins, int64_t K, int64_t G,
+                      int64_t i) {
+    static const int64_t bits[FMT_COUNT] = {32, 16, 8, 4};
+    const int64_t groups = G ? K / G : 0;
+    tile_t t = {(const char *)data + i * K * TILE * bits[fmt] / 8, NULL, NULL, K, G};
+    if (scales) t.scales = scales + i * groups * TILE;
+    if (mins) t.mins = mins + i * groups * TILE;
+    return t;
+}
+
+int fleet_linear_supported(int fmt) { return fmt >= 0 && fmt < FMT_COUNT; }
+
+int fleet_linear(int fmt, const float *x, int64_t M, int64_t N, int64_t K, int64_t G, const void *data,
+                 const float *scales, const float *mins, const float *bias, float *out, int num_threads) {
+    if (!fleet_linear_supported(fmt) || K < 1 || N < 1 || M < 0) return 1;
+    if (fmt >= FMT_INT8 && (G < 1 || K % G || (fmt == FMT_INT4 && G % 2))) return 2;
+    const int64_t tiles = (N + TILE - 1) / TILE;
+    const int direct = fmt == FMT_F32 || M <= RB;
+    int failed = 0;
+    #pragma omp parallel num_threads(num_threads) if (tiles > 1 && M * N * K >= 65536)
+    {
+        float *buf = direct ? NULL : aligned_alloc(64, (size_t)K * TILE * sizeof(float));
+        if (!direct && !buf) failed = 3;
+        #pragma omp for schedule(static)
+        for (int64_t i = 0; i < tiles; i++) {
+            if (!direct && !buf) continue;
+            tile_t t = tile_at(fmt, data, scales, mins, K, G, i);
+            int f = fmt;
+            if (!direct) {
+                decode_tile(fmt, &t, buf);
+                t = (tile_t){buf, NULL, NULL, K, 0};
+                f = FMT_F32;
+            }
+            const int cols = N - i * TILE < TILE ? (int)(N - i * TILE) : TILE;
+            for (int64_t r0 = 0; r0 < M; r0 += RB) {
+                const int R = M - r0 < RB ? (int)(M - r0) : RB;
+                blocks[f][R](x + r0 * K, K, &t, bias ? bias + i * TILE : NULL, out + r0 * N + i * TILE, N, cols);
+            }
+        }
+        free(buf);
+    }
+    return failed;
+}
+
+#else   /* no AVX-512: the callers keep their torch path */
+
+int fleet_linear_supported(int fmt) { (void)fmt; return 0; }
+
+int fleet_linear(int fmt, const float *x, int64_t M, int64_t N, int64_t K, int64_t G, const void *data,
+                 const float *scales, const float *mins, const float *bias, float *out, int num_threads) {
+    (void)fmt; (void)x; (void)M; (void)N; (void)K; (void)G; (void)data; (void)scales; (void)mins;
+    (void)bias; (void)out; (void)num_threads;
+    return 1;
+}
+#endif

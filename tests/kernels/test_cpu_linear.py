@@ -1,0 +1,86 @@
+"""The C matmuls over packed weights (kernels/cpu/linear.c through kernels/cpu/linear.py):
+every format, group size, row count (register blocks and the decoded-tile path) and a
+channel count that is not a multiple of the tile must agree with the dequantized weight's
+float64 product to float32 rounding, with and without bias."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels.cpu import linear as L
+from kernels.quantize import dequantize_int4, dequantize_int8, quantize_int4, quantize_int8
+
+FMTS = ("f32", "bf16", "int8", "int4")
+pytestmark = pytest.mark.skipif(not all(L.supported(f) for f in FMTS),
+                                reason="no C compiler or no AVX-512: linear() is reference_linear there")
+
+
+def _pack(fmt: str, w: torch.Tensor, group: int | None) -> L.PackedWeight:
+    if fmt == "f32":
+        return L.pack_f32(w)
+    if fmt == "bf16":
+        return L.pack_bf16(w)
+    if fmt == "int8":
+        return L.pack_int8(*quantize_int8(w, group))
+    return L.pack_int4(*quantize_int4(w, group), group)
+
+
+def _assert_close(y: torch.Tensor, x: torch.Tensor, w: L.PackedWeight, bias: torch.Tensor | None) -> None:
+    """Within a float32 summation's rounding of the float64 product of x and the dequantized weight."""
+    wd = L.dequantize(w).double()
+    exact = x.double() @ wd.T + (0 if bias is None else bias.double())
+    scale = x.double().abs() @ wd.abs().T + (0 if bias is None else bias.double().abs())
+    err = (y.double() - exact).abs()
+    assert bool((err <= 2e-6 * scale + 1e-30).all()), f"max err {float(err.max()):.3g}, at scale {float(scale.max()):.3g}"
+
+
+CASES = [  # (fmt, N, K, group)
+    ("f32", 50, 64, None), ("f32", 960, 576, None), ("bf16", 17, 96, None), ("bf16", 576, 1536, None),
+    ("int8", 100, 576, None), ("int8", 33, 576, 32), ("int8", 64, 192, 16), ("int8", 576, 1536, 64),
+    ("int4", 100, 576, 32), ("int4", 31, 192, 16), ("int4", 70, 576, 64), ("int4", 576, 1536, 128),
+]
+
+
+@pytest.mark.parametrize("fmt,n,k,group", CASES)
+@pytest.mark.parametrize("m", [1, 3, 8, 9, 300])
+def test_agrees_with_the_dequantized_product(fmt, n, k, group, m):
+    gen = torch.Generator().manual_seed(n * 1000 + k + m)
+    w = L.pack_f32(torch.randn(n, k, generator=gen)) if fmt == "f32" else \
+        _pack(fmt, torch.randn(n, k, generator=gen) * 0.05, group)
+    x = torch.randn(m, k, generator=gen)
+    bias = torch.randn(n, generator=gen) if m % 2 else None
+    y = L.linear(x, w, bias)
+    _assert_close(y, x, w, bias)
+    torch.testing.assert_close(y, L.reference_linear(x, w, bias), rtol=1e-4, atol=1e-4)
+
+
+def test_out_is_written_and_rows_zero_work():
+    w = L.pack_int8(*quantize_int8(torch.randn(40, 64), 16))
+    x, out = torch.randn(5, 64), torch.full((5, 40), float("nan"))
+    assert L.linear(x, w, out=out) is out
+    _assert_close(out, x, w, None)
+    assert L.linear(torch.empty(0, 64), w).shape == (0, 40)
+
+
+def test_packing_round_trips_to_the_canonical_dequantizers():
+    w = torch.randn(45, 128)
+    assert torch.equal(L.dequantize(L.pack_f32(w)), w)
+    assert torch.equal(L.dequantize(L.pack_bf16(w)), w.to(torch.bfloat16).float())
+    for group in (None, 32):
+        q, s = quantize_int8(w, group)
+        assert torch.equal(L.dequantize(L.pack_int8(q, s)), dequantize_int8(q, s))
+    p, s, mn = quantize_int4(w, 64)
+    assert torch.equal(L.dequantize(L.pack_int4(p, s, mn, 64)), dequantize_int4(p, s, mn, 64))
+    torch.testing.assert_close(L.reference_linear(torch.ones(2, 128), L.pack_f32(w)), F.linear(torch.ones(2, 128), w))
+
+
+def test_refuses_what_it_does_not_take():
+    w = L.pack_f32(torch.randn(32, 64))
+    for x in (torch.randn(64, 3).T, torch.randn(3, 64, dtype=torch.float64), torch.randn(3, 48)):
+        with pytest.raises(ValueError):
+            L.linear(x, w)
+    with pytest.raises(ValueError):
+        L.linear(torch.randn(3, 64), w, bias=torch.randn(31))
+    with pytest.raises(ValueError):
+        L.pack_int8(*quantize_int8(torch.randn(8, 96), 24))       # 24 is not a multiple of 16
+    with pytest.raises(ValueError):
+        L.pack_int4(*quantize_int4(torch.randn(8, 64), 64), 64)   # per-channel int4
