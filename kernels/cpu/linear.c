@@ -69,38 +69,48 @@ AI void fma_rows(const int R, __m512 acc[RB][2], const float *x, int64_t ldx, in
     }
 }
 
-/* The accumulators of R rows over one tile, every k, weights decoded from fmt. */
-AI void accumulate(const int fmt, const int R, __m512 acc[RB][2], const float *x, int64_t ldx, const tile_t *t) {
-    __m512 w[4], s[2], m[2];
-    const int64_t K = t->k, G = t->group;
-    if (fmt == FMT_F32) {
-        for (int64_t k = 0; k < K; k++) {
-            load_pair((const float *)t->data + k * TILE, w);
-            fma_rows(R, acc, x, ldx, k, w);
-        }
-    } else if (fmt == FMT_BF16) {
-        for (int64_t k = 0; k < K; k++) {
-            bf16_pair((const uint16_t *)t->data + k * TILE, w);
-            fma_rows(R, acc, x, ldx, k, w);
-        }
-    } else {
-        for (int64_t k0 = 0; k0 < K; k0 += G) {
-            load_pair(t->scales + k0 / G * TILE, s);
-            if (fmt == FMT_INT8) {
-                for (int64_t k = k0; k < k0 + G; k++) {
-                    int8_pair((const int8_t *)t->data + k * TILE, s, w);
-                    fma_rows(R, acc, x, ldx, k, w);
-                }
-            } else {
-                load_pair(t->mins + k0 / G * TILE, m);
-                for (int64_t k = k0; k < k0 + G; k += 2) {
-                    int4_quad((const uint8_t *)t->data + k / 2 * TILE, s, m, w);
-                    fma_rows(R, acc, x, ldx, k, w);
-                    fma_rows(R, acc, x, ldx, k + 1, w + 2);
-                }
-            }
+/* The weights of one k (f32, bf16, int8) into w[0..1], or of the k pair at k (int4) into w[0..3]. */
+AI void decode(const int fmt, const tile_t *t, int64_t k, const __m512 s[2], const __m512 m[2], __m512 *w) {
+    if (fmt == FMT_F32) load_pair((const float *)t->data + k * TILE, w);
+    else if (fmt == FMT_BF16) bf16_pair((const uint16_t *)t->data + k * TILE, w);
+    else if (fmt == FMT_INT8) int8_pair((const int8_t *)t->data + k * TILE, s, w);
+    else int4_quad((const uint8_t *)t->data + k / 2 * TILE, s, m, w);
+}
+
+/* Rows k0 <= k < k1 of the tile into S accumulator sets (k rotates over the sets), so that
+ * a block of few rows still has S x R independent chains of fused multiply-adds. */
+AI void span(const int fmt, const int R, const int S, __m512 acc[RB][2], const float *x, int64_t ldx,
+             const tile_t *t, int64_t k0, int64_t k1, const __m512 s[2], const __m512 m[2]) {
+    __m512 w[4];
+    const int step = fmt == FMT_INT4 ? 2 : 1;   /* k per decode */
+    const int64_t unroll = S > step ? S : step;
+    int64_t k = k0;
+    for (; k + unroll <= k1; k += unroll) {
+        for (int j = 0; j < unroll; j += step) {
+            decode(fmt, t, k + j, s, m, w);
+            for (int h = 0; h < step; h++) fma_rows(R, acc + (j + h) % S * R, x, ldx, k + j + h, w + 2 * h);
         }
     }
+    for (; k < k1; k += step) {
+        decode(fmt, t, k, s, m, w);
+        for (int h = 0; h < step; h++) fma_rows(R, acc, x, ldx, k + h, w + 2 * h);
+    }
+}
+
+/* The accumulators of R rows over one tile, every k, weights decoded from fmt; acc holds
+ * RB rows, of which S x R <= RB serve as S sets, summed into the first R at the end. */
+AI void accumulate(const int fmt, const int R, __m512 acc[RB][2], const float *x, int64_t ldx, const tile_t *t) {
+    const int S = R == 1 ? 4 : R <= RB / 2 ? 2 : 1;
+    __m512 s[2], m[2];
+    const int64_t K = t->k, G = fmt >= FMT_INT8 ? t->group : t->k;
+    for (int64_t k0 = 0; k0 < K; k0 += G) {
+        if (fmt >= FMT_INT8) load_pair(t->scales + k0 / G * TILE, s);
+        if (fmt == FMT_INT4) load_pair(t->mins + k0 / G * TILE, m);
+        span(fmt, R, S, acc, x, ldx, t, k0, k0 + G, s, m);
+    }
+    for (int j = 1; j < S; j++)
+        for (int r = 0; r < R; r++)
+            for (int h = 0; h < 2; h++) acc[r][h] = _mm512_add_ps(acc[r][h], acc[j * R + r][h]);
 }
 
 /* out[r][0..cols) = acc[r] (+ bias) for R rows; cols <= TILE. */
@@ -121,7 +131,7 @@ typedef void (*block_fn)(const float *x, int64_t ldx, const tile_t *t, const flo
     static void block_##FMT##_##R(const float *x, int64_t ldx, const tile_t *t, const float *bias, \
                                   float *out, int64_t ldo, int cols) {                           \
         __m512 acc[RB][2];                                                                        \
-        for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();                  \
+        for (int r = 0; r < RB; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();                  \
         accumulate(FMT, R, acc, x, ldx, t);                                                       \
         store_rows(R, acc, bias, out, ldo, cols);                                                 \
     }
@@ -135,16 +145,19 @@ static const block_fn blocks[FMT_COUNT][RB + 1] = {TABLE(FMT_F32), TABLE(FMT_BF1
 
 /* A tile decoded into buf [K][TILE] float32 (the fp32 tile layout). */
 static void decode_tile(int fmt, const tile_t *t, float *buf) {
-    __m512 w[4], s[2], m[2];
-    const int64_t K = t->k, G = t->group ? t->group : t->k;
+    __m512 w[4], s[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()}, m[2] = {s[0], s[1]};
+    const int64_t K = t->k, G = fmt >= FMT_INT8 ? t->group : t->k;
+    const int step = fmt == FMT_INT4 ? 2 : 1;
     for (int64_t k0 = 0; k0 < K; k0 += G) {
-        if (fmt != FMT_BF16) load_pair(t->scales + k0 / G * TILE, s);
+        if (fmt >= FMT_INT8) load_pair(t->scales + k0 / G * TILE, s);
         if (fmt == FMT_INT4) load_pair(t->mins + k0 / G * TILE, m);
-        for (int64_t k = k0; k < k0 + G; k += (fmt == FMT_INT4 ? 2 : 1)) {
-            if (fmt == FMT_BF16) bf16_pair((const uint16_t *)t->data + k * TILE, w);
-            else if (fmt == FMT_INT8) int8_pair((const int8_t *)t->data + k * TILE, s, w);
-            else int4_quad((const uint8_t *)t->data + k / 2 * TILE, s, m, w);
-            for (int j = 0; j < (fmt == FMT_INT4 ? 4 : 2); j++) _mm512_storeu_ps(buf + k * TILE + 16 * j, w[j]);
+        for (int64_t k = k0; k < k0 + G; k += step) {
+            switch (fmt) {   /* constant formats, so that each case inlines its own decode */
+            case FMT_BF16: decode(FMT_BF16, t, k, s, m, w); break;
+            case FMT_INT8: decode(FMT_INT8, t, k, s, m, w); break;
+            default: decode(FMT_INT4, t, k, s, m, w);
+            }
+            for (int j = 0; j < 2 * step; j++) _mm512_storeu_ps(buf + k * TILE + 16 * j, w[j]);
         }
     }
 }
