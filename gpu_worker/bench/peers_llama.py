@@ -1,0 +1,102 @@
+"""llama.cpp's ``llama-server`` for ``fleet bench peers``: started on 127.0.0.1 with
+continuous batching over 16 slots, driven with concurrent ``/completion`` requests of
+token-id prompts (greedy, exactly n_predict tokens, no prompt cache), then stopped."""
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import subprocess
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+
+from gpu_worker.bench.peers_job import run_job
+
+logger = logging.getLogger(__name__)
+
+SLOTS = 16
+CONTEXT_PER_SLOT = 1024     # the workload's longest request is 384 + 160 tokens
+
+
+def server_command(binary: Path, gguf: Path, port: int, threads: int, kv_type: str) -> list[str]:
+    """``llama-server`` on loopback only: ``SLOTS`` parallel sequences, continuous batching."""
+    return [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
+            "-t", str(threads), "-tb", str(threads), "-np", str(SLOTS), "-cb", "-c", str(SLOTS * CONTEXT_PER_SLOT),
+            "-ctk", kv_type, "-ctv", kv_type, "--no-webui", "--log-disable"]
+
+
+def completion_body(prompt: list[int], n: int) -> dict:
+    """One greedy request of exactly ``n`` tokens (ignore_eos) with its token ids returned."""
+    return {"prompt": prompt, "n_predict": n, "ignore_eos": True, "temperature": 0, "top_k": 1,
+            "cache_prompt": False, "return_tokens": True, "stream": False}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _post(port: int, body: dict, timeout: float = 600) -> dict:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/completion", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return json.load(resp)
+
+
+def _wait_ready(port: int, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"llama-server exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError("llama-server did not become ready")
+
+
+@contextmanager
+def server(binary: Path, gguf: Path, threads: int, kv_type: str, log_path: Path):
+    """A running llama-server; yields its port and stops it on exit."""
+    port = _free_port()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(server_command(binary, gguf, port, threads, kv_type), stdout=log,
+                                stderr=subprocess.STDOUT)
+    try:
+        _wait_ready(port, proc)
+        yield port
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def http_generate(port: int):
+    """A peers_job ``generate``: every prompt sent at once, the server's slots batch them."""
+    def generate(prompts: list[list[int]], lengths: list[int]) -> list[list[int]]:
+        with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
+            replies = list(pool.map(lambda pn: _post(port, completion_body(*pn)), zip(prompts, lengths)))
+        return [r["tokens"] for r in replies]
+    return generate
+
+
+def run_llama(binary: Path, gguf: Path, job: dict, threads: int, log_path: Path) -> dict:
+    """The peers job against one GGUF; f32 KV cache for an F32 GGUF, f16 for the others."""
+    kv_type = "f32" if "F32" in gguf.name else "f16"
+    t0 = time.perf_counter()
+    with server(binary, gguf, threads, kv_type, log_path) as port:
+        load_s = time.perf_counter() - t0
+        result = run_job(job, http_generate(port))
+    settings = {"gguf": gguf.name, "threads": threads, "slots": SLOTS, "kv_type": kv_type,
+                "context": SLOTS * CONTEXT_PER_SLOT}
+    return {"load_s": load_s, "threads": threads, "settings": settings, **result}

@@ -1,0 +1,122 @@
+"""``fleet bench peers``: the pure parts (agreement math, the table, the job every engine
+gets, argument parsing) and peer discovery saying "missing" cleanly where nothing is
+installed. The runs themselves need the peers and are not part of CI."""
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+import gpu_worker.cli as engine_cli
+from gpu_worker.bench import peers, peers_discovery
+from gpu_worker.bench.peers_engine import engine_options
+from gpu_worker.bench.peers_job import run_job
+from gpu_worker.bench.peers_llama import completion_body, server_command
+from gpu_worker.bench.peers_quality import compare, quality_table
+from gpu_worker.bench.peers_report import agreement, figures, table
+from gpu_worker.bench.workload import mixed_workload
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    return engine_cli.build_parser().parse_args(["bench", "peers", *argv])
+
+
+def test_agreement_counts_identical_requests_and_the_prefix_before_divergence():
+    ref = [[1, 2, 3, 4], [5, 6, 7, 8], [9, 9]]
+    other = [[1, 2, 3, 4], [5, 6, 0, 8], [0, 9]]
+    a = agreement(ref, other)
+    assert a["identical"] == 1 and a["requests"] == 3
+    assert a["prefix_fraction"] == pytest.approx((1 + 0.5 + 0) / 3)
+    with pytest.raises(ValueError):
+        agreement(ref, other[:2])
+
+
+def test_figures_and_table_report_useful_tokens_over_wall_time_and_the_skipped_peers():
+    run = {"workload_s": 2.0, "outputs": [[1] * 30, [2] * 10], "warmup_s": 0.1,
+           "batch1": {"decode_tok_s": 40.0, "e2e_tok_s": 35.0}}
+    row = figures(run)
+    assert row["throughput_tok_s"] == 20.0 and row["output_tokens"] == 40 and "outputs" not in row
+    row["agreement"] = agreement(run["outputs"], run["outputs"])
+    text = table({"this engine, fp32": row, "vLLM CPU, fp32": {"skipped": "not found: install it"}})
+    assert "| this engine, fp32 | 20.0 | 40.0 | 35.0 | 2/2 identical, 100.0% of tokens" in text
+    assert "vLLM CPU, fp32: skipped (not found: install it)" in text
+
+
+def test_the_job_is_the_throughput_workload_and_a_32_token_batch1_prompt():
+    job = peers.make_job(_args(), "/models/x")
+    items = mixed_workload(64, 0)
+    assert job["workload"] == [[i.prompt_token_ids, i.max_tokens] for i in items]
+    assert len(job["batch1"]["prompt"]) == 32 and job["batch1"]["tokens"] == 128
+
+
+def test_run_job_times_the_workload_and_batch1_and_refuses_short_outputs():
+    calls = []
+
+    def generate(prompts, lengths):
+        calls.append(lengths)
+        return [[7] * n for n in lengths]
+
+    job = {"workload": [[[1, 2, 3], 4], [[5], 2]], "batch1": {"prompt": [1] * 32, "tokens": 16, "reps": 2}}
+    out = run_job(job, generate)
+    assert out["outputs"] == [[7] * 4, [7] * 2] and out["workload_s"] > 0
+    assert calls[:2] == [[2], [4, 2]] and calls[2:] == [[1], [1], [16], [16]]
+    assert out["batch1"]["e2e_tok_s"] > 0 and out["batch1"]["reps"] == 2
+    with pytest.raises(RuntimeError, match="max_tokens"):
+        run_job(job, lambda prompts, lengths: [[7] * (n - 1) for n in lengths])
+
+
+def test_engine_arguments_parse_into_the_engine_options():
+    args = _args("--engine-args", "--quantization int8", "--skip", "vllm,llama", "--ggufs", "F32,Q8_0")
+    assert (args.engine_args, args.skip, args.ggufs, args.threads) == ("--quantization int8", "vllm,llama",
+                                                                      "F32,Q8_0", 2)
+    options = engine_options(None, ["--threads", "2", "--quantization", "int8"])
+    assert options["quantization"] == "int8" and options["num_threads"] == 2
+    assert options["enable_prefix_caching"] is False and options["dtype"] == "float32"
+    assert engine_options(None, [])["quantization"] is None
+
+
+def test_missing_peers_are_skipped_with_the_install_hint(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLEET_PEERS_DIR", str(tmp_path))
+    for found in (peers_discovery.find_vllm(), peers_discovery.find_llama(), peers_discovery.find_llama_bindings()):
+        assert not found.ok and "ops/bench/install_peers.sh" in found.missing
+    runs = peers.run_engines(_args("--skip", "engine"), {}, tmp_path)
+    assert set(runs) == {"vLLM CPU, fp32", "llama.cpp"}
+    assert all("install_peers.sh" in r["skipped"] for r in runs.values())
+    assert peers_discovery.versions() == ""
+
+
+def test_discovery_finds_an_installed_layout(tmp_path):
+    (tmp_path / "vllm-venv" / "bin").mkdir(parents=True)
+    (tmp_path / "vllm-venv" / "bin" / "python").touch()
+    lib = tmp_path / "libtcmalloc_minimal.so.4"
+    lib.touch()
+    (tmp_path / "vllm-preload.txt").write_text(f"{lib}\n")
+    found = peers_discovery.find_vllm(tmp_path)
+    assert found.ok and peers_discovery.vllm_env(found, 2)["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
+    (tmp_path / "llama.cpp" / "build" / "bin").mkdir(parents=True)
+    (tmp_path / "llama.cpp" / "build" / "bin" / "llama-server").touch()
+    (tmp_path / "gguf").mkdir()
+    peers_discovery.gguf_path(tmp_path, "F32").touch()
+    assert "Q4_1.gguf missing" in peers_discovery.find_llama(tmp_path).missing
+    peers_discovery.gguf_path(tmp_path, "Q4_1").touch()
+    found = peers_discovery.find_llama(tmp_path)
+    assert found.ok and found.paths["Q4_1"].name == "SmolLM2-135M-Instruct-Q4_1.gguf"
+
+
+def test_llama_server_listens_on_loopback_with_16_slots_and_greedy_fixed_length_requests(tmp_path):
+    cmd = server_command(tmp_path / "llama-server", tmp_path / "m-F32.gguf", 8080, 2, "f32")
+    assert cmd[cmd.index("--host") + 1] == "127.0.0.1" and cmd[cmd.index("-np") + 1] == "16"
+    assert cmd[cmd.index("-t") + 1] == "2" and cmd[cmd.index("-ctk") + 1] == "f32" and "-cb" in cmd
+    body = completion_body([1, 2], 5)
+    assert body["n_predict"] == 5 and body["ignore_eos"] and body["temperature"] == 0
+    assert body["cache_prompt"] is False and body["prompt"] == [1, 2]
+
+
+def test_quality_rows_compare_each_format_with_the_engine_and_llama_f32():
+    ref = {"outputs": [[1, 2, 3, 4]]}
+    llama = {"F32": {"outputs": [[1, 2, 3, 4]], "perplexity": 5.0},
+             "Q4_1": {"outputs": [[1, 2, 0, 0]], "perplexity": 6.0}}
+    rows = compare(ref, llama)
+    assert rows["F32"]["vs_engine_fp32"]["identical"] == 1
+    assert rows["Q4_1"]["vs_llama_f32"]["prefix_fraction"] == 0.5
+    assert "| llama.cpp Q4_1 | 6.000 | 0/1, 50.0% | 0/1, 50.0% |" in quality_table(5.0, rows)
