@@ -29,6 +29,7 @@ typedef struct {        /* one tile of a packed weight */
     const void *data;   /* the codes or weights of the tile */
     const float *scales, *mins;   /* [K / G][TILE] each, int8/int4 */
     int64_t k, group;
+    const float *xsum;  /* int4, at most RB / 2 rows: [rows][K / G] sums of x over each group */
 } tile_t;
 
 AI void bf16_pair(const uint16_t *p, __m512 w[2]) {
@@ -97,15 +98,53 @@ AI void span(const int fmt, const int R, const int S, __m512 acc[RB][2], const f
     }
 }
 
+/* int4 for a block of at most RB / 2 rows: per group, p = sum of x * q (the bare codes, in
+ * sets as in span), then acc += scale * p + min * sum of x; fewer operations per byte than
+ * dequantizing each weight. */
+AI void accumulate_int4_folded(const int R, __m512 acc[RB][2], const float *x, int64_t ldx, const tile_t *t) {
+    const int S = R == 1 ? 4 : R == 2 ? 2 : 1;
+    const int64_t K = t->k, G = t->group;
+    const __m512i low = _mm512_set1_epi32(15);
+    for (int64_t g = 0, k0 = 0; k0 < K; g++, k0 += G) {
+        __m512 p[RB][2], s[2], m[2], w[4];
+        for (int r = 0; r < S * R; r++) p[r][0] = p[r][1] = _mm512_setzero_ps();
+        for (int64_t k = k0; k < k0 + G; k += 2 * S) {
+            for (int j = 0; j < 2 * S; j += 2) {
+                const uint8_t *b = (const uint8_t *)t->data + (k + j) / 2 * TILE;
+                for (int h = 0; h < 2; h++) {
+                    const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b + 16 * h)));
+                    w[h] = _mm512_cvtepi32_ps(_mm512_and_si512(v, low));
+                    w[2 + h] = _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4));
+                }
+                fma_rows(R, p + j % S * R, x, ldx, k + j, w);
+                fma_rows(R, p + (j + 1) % S * R, x, ldx, k + j + 1, w + 2);
+            }
+        }
+        load_pair(t->scales + g * TILE, s);
+        load_pair(t->mins + g * TILE, m);
+        for (int r = 0; r < R; r++) {
+            const __m512 xs = _mm512_set1_ps(t->xsum[r * (K / G) + g]);
+            for (int h = 0; h < 2; h++) {
+                for (int j = 1; j < S; j++) p[r][h] = _mm512_add_ps(p[r][h], p[j * R + r][h]);
+                acc[r][h] = _mm512_fmadd_ps(xs, m[h], _mm512_fmadd_ps(p[r][h], s[h], acc[r][h]));
+            }
+        }
+    }
+}
+
 /* The accumulators of R rows over one tile, every k, weights decoded from fmt; acc holds
  * RB rows, of which S x R <= RB serve as S sets, summed into the first R at the end. */
 AI void accumulate(const int fmt, const int R, __m512 acc[RB][2], const float *x, int64_t ldx, const tile_t *t) {
     const int S = R == 1 ? 4 : R <= RB / 2 ? 2 : 1;
     __m512 s[2], m[2];
+    if (fmt == FMT_INT4 && R <= RB / 2) {
+        accumulate_int4_folded(R, acc, x, ldx, t);
+        return;
+    }
     const int64_t K = t->k, G = fmt >= FMT_INT8 ? t->group : t->k;
-    for (int64_t k0 = 0; k0 < K; k0 += G) {
-        if (fmt >= FMT_INT8) load_pair(t->scales + k0 / G * TILE, s);
-        if (fmt == FMT_INT4) load_pair(t->mins + k0 / G * TILE, m);
+    for (int64_t g = 0, k0 = 0; k0 < K; g++, k0 += G) {
+        if (fmt >= FMT_INT8) load_pair(t->scales + g * TILE, s);
+        if (fmt == FMT_INT4) load_pair(t->mins + g * TILE, m);
         span(fmt, R, S, acc, x, ldx, t, k0, k0 + G, s, m);
     }
     for (int j = 1; j < S; j++)
@@ -148,9 +187,9 @@ static void decode_tile(int fmt, const tile_t *t, float *buf) {
     __m512 w[4], s[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()}, m[2] = {s[0], s[1]};
     const int64_t K = t->k, G = fmt >= FMT_INT8 ? t->group : t->k;
     const int step = fmt == FMT_INT4 ? 2 : 1;
-    for (int64_t k0 = 0; k0 < K; k0 += G) {
-        if (fmt >= FMT_INT8) load_pair(t->scales + k0 / G * TILE, s);
-        if (fmt == FMT_INT4) load_pair(t->mins + k0 / G * TILE, m);
+    for (int64_t g = 0, k0 = 0; k0 < K; g++, k0 += G) {
+        if (fmt >= FMT_INT8) load_pair(t->scales + g * TILE, s);
+        if (fmt == FMT_INT4) load_pair(t->mins + g * TILE, m);
         for (int64_t k = k0; k < k0 + G; k += step) {
             switch (fmt) {   /* constant formats, so that each case inlines its own decode */
             case FMT_BF16: decode(FMT_BF16, t, k, s, m, w); break;
@@ -167,10 +206,23 @@ static tile_t tile_at(int fmt, const void *data, const float *scales, const floa
                       int64_t i) {
     static const int64_t bits[FMT_COUNT] = {32, 16, 8, 4};
     const int64_t groups = G ? K / G : 0;
-    tile_t t = {(const char *)data + i * K * TILE * bits[fmt] / 8, NULL, NULL, K, G};
+    tile_t t = {(const char *)data + i * K * TILE * bits[fmt] / 8, NULL, NULL, K, G, NULL};
     if (scales) t.scales = scales + i * groups * TILE;
     if (mins) t.mins = mins + i * groups * TILE;
     return t;
+}
+
+/* [M][K / G] sums of each row of x over each group of G (for accumulate_int4_folded). */
+static float *group_sums(const float *x, int64_t M, int64_t K, int64_t G) {
+    float *sums = malloc((size_t)(M * (K / G) + 1) * sizeof(float));
+    if (!sums) return NULL;
+    for (int64_t r = 0; r < M; r++)
+        for (int64_t g = 0; g < K / G; g++) {
+            float acc = 0.f;
+            for (int64_t k = g * G; k < (g + 1) * G; k++) acc += x[r * K + k];
+            sums[r * (K / G) + g] = acc;
+        }
+    return sums;
 }
 
 int fleet_linear_supported(int fmt) { return fmt >= 0 && fmt < FMT_COUNT; }
@@ -178,9 +230,11 @@ int fleet_linear_supported(int fmt) { return fmt >= 0 && fmt < FMT_COUNT; }
 int fleet_linear(int fmt, const float *x, int64_t M, int64_t N, int64_t K, int64_t G, const void *data,
                  const float *scales, const float *mins, const float *bias, float *out, int num_threads) {
     if (!fleet_linear_supported(fmt) || K < 1 || N < 1 || M < 0) return 1;
-    if (fmt >= FMT_INT8 && (G < 1 || K % G || (fmt == FMT_INT4 && G % 2))) return 2;
+    if (fmt >= FMT_INT8 && (G < 1 || K % G || (fmt == FMT_INT4 && G % 8))) return 2;
     const int64_t tiles = (N + TILE - 1) / TILE;
     const int direct = fmt == FMT_F32 || M <= RB;
+    float *xsum = fmt == FMT_INT4 && M <= RB ? group_sums(x, M, K, G) : NULL;
+    if (fmt == FMT_INT4 && M <= RB && !xsum) return 3;
     int failed = 0;
     #pragma omp parallel num_threads(num_threads) if (tiles > 1 && M * N * K >= 65536)
     {
@@ -193,17 +247,19 @@ int fleet_linear(int fmt, const float *x, int64_t M, int64_t N, int64_t K, int64
             int f = fmt;
             if (!direct) {
                 decode_tile(fmt, &t, buf);
-                t = (tile_t){buf, NULL, NULL, K, 0};
+                t = (tile_t){buf, NULL, NULL, K, 0, NULL};
                 f = FMT_F32;
             }
             const int cols = N - i * TILE < TILE ? (int)(N - i * TILE) : TILE;
             for (int64_t r0 = 0; r0 < M; r0 += RB) {
                 const int R = M - r0 < RB ? (int)(M - r0) : RB;
+                t.xsum = xsum ? xsum + r0 * (K / G) : NULL;
                 blocks[f][R](x + r0 * K, K, &t, bias ? bias + i * TILE : NULL, out + r0 * N + i * TILE, N, cols);
             }
         }
         free(buf);
     }
+    free(xsum);
     return failed;
 }
 
