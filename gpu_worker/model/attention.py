@@ -78,6 +78,7 @@ class CpuAttentionPlan:
     meta: AttentionMetadata
     decode_lens: torch.Tensor | None = None     # [num_decodes] int64 for the C kernel; None without it
     prefill_chunks: torch.Tensor | None = None  # [num_chunks, 3] int64 for the C kernel; None without it
+    decode_tables: torch.Tensor | None = None   # [num_decodes, max_blocks] int64: the decode rows' tables
 
     @cached_property
     def decodes(self) -> list[_DecodeBucket]:
@@ -106,7 +107,8 @@ def plan_native_attention(meta: AttentionMetadata) -> CpuAttentionPlan:
         rows.append((first, meta.query_lens[s], meta.seq_lens[s]))
         first += meta.query_lens[s]
     chunks = torch.tensor(rows, dtype=torch.int64) if rows else None
-    return CpuAttentionPlan(meta, decode_lens, chunks)
+    tables = meta.block_tables if nd == len(meta.seq_lens) else meta.block_tables[:nd]
+    return CpuAttentionPlan(meta, decode_lens, chunks, tables if nd else None)
 
 
 def _prefill_chunks(meta: AttentionMetadata) -> list[_PrefillChunk]:
@@ -162,7 +164,8 @@ def cpu_paged_attention(
     v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, plan.meta.slot_mapping, v)
     out = torch.empty_like(q)
     _decode_rows(q, k_cache, v_cache, plan, scale, out)
-    _prefill_rows(q, k, v, k_cache, v_cache, plan, scale, out)
+    if plan.meta.num_decodes < q.shape[0]:     # a pure decode step has no prefill rows
+        _prefill_rows(q, k, v, k_cache, v_cache, plan, scale, out)
     return out
 
 
@@ -199,9 +202,10 @@ def _decode_rows(q, k_cache, v_cache, plan: CpuAttentionPlan, scale: float, out:
     refuses other dtypes and layouts with ValueError), else gather + SDPA."""
     nd = plan.meta.num_decodes
     if nd and plan.decode_lens is not None:
+        if nd < q.shape[0]:
+            q, out = q[:nd], out[:nd]
         try:
-            loaded_kernels().paged_decode(q[:nd], k_cache, v_cache, plan.meta.block_tables[:nd], plan.decode_lens,
-                                          scale, out[:nd])
+            loaded_kernels().paged_decode(q, k_cache, v_cache, plan.decode_tables, plan.decode_lens, scale, out)
             return
         except ValueError:
             pass

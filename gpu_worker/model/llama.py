@@ -26,6 +26,8 @@ class DecoderLayer(nn.Module):
         self.cfg = cfg
         h, d = cfg.hidden_size, cfg.head_dim
         self.q_size, self.kv_size = cfg.num_heads * d, cfg.num_kv_heads * d
+        self.k_start, self.v_start = cfg.num_heads, cfg.num_heads + cfg.num_kv_heads   # head index of k, of v
+        self.scale = d ** -0.5
         self.input_norm = nn.Parameter(torch.empty(h), requires_grad=False)
         self.post_norm = nn.Parameter(torch.empty(h), requires_grad=False)
         self.qkv = Linear(self.q_size + 2 * self.kv_size, h, bias=cfg.attention_bias)
@@ -44,10 +46,9 @@ class DecoderLayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         cfg, eps, n = self.cfg, self.cfg.rms_norm_eps, x.shape[0]
         h, residual = ops.add_rms_norm(x, residual, self.input_norm, eps)
-        q, k, v = self.qkv(h).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q, k = ops.rope(q.view(n, cfg.num_heads, cfg.head_dim), k.view(n, cfg.num_kv_heads, cfg.head_dim), rope_ctx)
-        v = v.view(n, cfg.num_kv_heads, cfg.head_dim)
-        o = ops.attention(q, k, v, kv_cache[0], kv_cache[1], plan, cfg.head_dim ** -0.5)
+        heads = self.qkv(h).view(n, -1, cfg.head_dim)   # [n, heads + 2 * kv_heads, head_dim]: q | k | v
+        q, k = ops.rope(heads[:, :self.k_start], heads[:, self.k_start:self.v_start], rope_ctx)
+        o = ops.attention(q, k, heads[:, self.v_start:], kv_cache[0], kv_cache[1], plan, self.scale)
         h, residual = ops.add_rms_norm(self.o_proj(o.reshape(n, self.q_size)), residual, self.post_norm, eps)
         return self.down(ops.silu_and_mul(self.gate_up(h))), residual
 
