@@ -1,7 +1,7 @@
 """``fleet bench linear``: the CPU matmuls on the model's own projection shapes, side by side
 in one process: torch's ``F.linear``, the oneDNN-packed weight the engine uses for fp32
 (``PackedLinear``), and the C kernels of ``kernels/cpu/linear.c`` over packed f32, bf16,
-int8 (per channel and per group) and int4 weights.
+int8 (per channel and per group) and int4 weights, and W8A8 (activations quantized on the fly).
 
 Each weight is replicated until the copies of one format fill ``--mib`` MiB (more than the
 L3 cache), and the calls cycle over them, so that few-row figures are memory-bound as in a
@@ -33,7 +33,16 @@ FORMATS = {
     "int8": lambda w: packed_linear.pack_int8(*quantize_int8(w)),
     "int8g64": lambda w: packed_linear.pack_int8(*quantize_int8(w, 64)),
     "int4g32": lambda w: packed_linear.pack_int4(*quantize_int4(w, 32), 32),
+    "w8a8": lambda w: packed_linear.pack_w8a8(*quantize_int8(w)),
 }
+CALLS = {"w8a8": packed_linear.linear_w8a8}   # the rest: packed_linear.linear
+
+
+def _runs_in_c(name: str) -> bool:
+    """The C kernel (not the torch reference) serves format ``name`` here."""
+    if name == "w8a8":
+        return packed_linear.w8a8_supported()
+    return packed_linear.supported(name.split("g")[0])
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -83,7 +92,7 @@ def measure_shape(name: str, n: int, k: int, rows: list[int], formats: list[str]
         impls["torch"] = (F.linear, _copies(lambda: w.clone(), 4 * n * k, mib), 4 * n * k)
     for fmt in formats:
         p = FORMATS[fmt](w)
-        impls[fmt] = (packed_linear.linear, _copies(lambda: _clone(p), _nbytes(p), mib), _nbytes(p))
+        impls[fmt] = (CALLS.get(fmt, packed_linear.linear), _copies(lambda: _clone(p), _nbytes(p), mib), _nbytes(p))
     out = []
     for m in rows:
         x = torch.randn(m, k)
@@ -107,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
     if unknown:
         print(f"unknown formats {unknown}; known: {', '.join(FORMATS)}")
         return 2
-    slow = [f for f in formats if not packed_linear.supported(f.split("g")[0])]
+    slow = [f for f in formats if not _runs_in_c(f)]
     if slow:
         print(f"note: no C kernel on this CPU for {slow}: timing the pure-torch reference")
     cfg = load_model_config(resolve_model_dir(args.model))

@@ -27,8 +27,8 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-SOURCES = ("paged_decode.c", "paged_prefill.c", "glue.c", "linear.c")
-HEADERS = ("simd.h", "paged.h")
+SOURCES = ("paged_decode.c", "paged_prefill.c", "glue.c", "linear.c", "linear_w8a8.c")
+HEADERS = ("simd.h", "paged.h", "linear.h")
 # -ffp-contract=off: no fused multiply-adds beyond the ones the kernels ask for, so the glue
 # rounds as torch does (glue.c).
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC", "-std=gnu11")
@@ -54,6 +54,8 @@ class CpuKernels:
         self._linear = _fn(lib.fleet_linear, ctypes.c_int, _P, _I64, _I64, _I64, _I64, _P, _P, _P, _P, _P,
                            ctypes.c_int)
         self._linear_supported = _fn(lib.fleet_linear_supported, ctypes.c_int)
+        self._w8a8 = _fn(lib.fleet_linear_w8a8, _P, _I64, _I64, _I64, _P, _P, _P, _P, _P, ctypes.c_int)
+        self._w8a8_supported = _fn(lib.fleet_linear_w8a8_supported)
 
     def vectorized(self, heads: int, kv_heads: int, head_dim: int, block_size: int, op: str = "decode") -> bool:
         """Whether the SIMD path (rather than the portable loops) of ``op`` ("decode" or
@@ -172,6 +174,17 @@ class CpuKernels:
         rc = self._linear(FORMATS.index(w.fmt), x.data_ptr(), x.shape[0], w.n, w.k, w.group, w.data.data_ptr(),
                           *ptr, out.data_ptr(), torch.get_num_threads())
         _check("linear", rc == 0, f"a format and group the kernel serves (code {rc})")
+
+    def linear_w8a8_supported(self) -> bool:
+        """Whether the W8A8 kernel (AVX512_VNNI) runs here."""
+        return bool(self._w8a8_supported())
+
+    def linear_w8a8(self, x: torch.Tensor, w, bias: torch.Tensor | None, out: torch.Tensor) -> None:
+        """out [M, N] = quantize_rows(x) [M, K] W^T (+ bias) for a checked linear.pack_w8a8 weight ``w``."""
+        rc = self._w8a8(x.data_ptr(), x.shape[0], w.n, w.k, w.data.data_ptr(), w.scales.data_ptr(),
+                        w.mins.data_ptr(), 0 if bias is None else bias.data_ptr(), out.data_ptr(),
+                        torch.get_num_threads())
+        _check("linear_w8a8", rc == 0, f"K a multiple of 16 (code {rc})")
 
 
 def _f32_dense(*tensors: torch.Tensor) -> bool:

@@ -16,14 +16,11 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "simd.h"
+#include "linear.h"
 
-#define TILE 32
-#define RB 8           /* rows per register block */
 enum { FMT_F32 = 0, FMT_BF16 = 1, FMT_INT8 = 2, FMT_INT4 = 3, FMT_COUNT = 4 };
 
 #if defined(__AVX512F__) && defined(__AVX512BW__)
-#define AI static inline __attribute__((always_inline))
 
 typedef struct {        /* one tile of a packed weight */
     const void *data;   /* the codes or weights of the tile */
@@ -150,17 +147,6 @@ AI void accumulate(const int fmt, const int R, __m512 acc[RB][2], const float *x
     for (int j = 1; j < S; j++)
         for (int r = 0; r < R; r++)
             for (int h = 0; h < 2; h++) acc[r][h] = _mm512_add_ps(acc[r][h], acc[j * R + r][h]);
-}
-
-/* out[r][0..cols) = acc[r] (+ bias) for R rows; cols <= TILE. */
-AI void store_rows(const int R, __m512 acc[RB][2], const float *bias, float *out, int64_t ldo, int cols) {
-    const __mmask16 mask[2] = {cols >= 16 ? 0xFFFF : (__mmask16)((1u << cols) - 1),
-                               cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : (__mmask16)((1u << (cols - 16)) - 1)};
-    for (int h = 0; h < 2; h++) {
-        const __m512 b = bias ? _mm512_maskz_loadu_ps(mask[h], bias + 16 * h) : _mm512_setzero_ps();
-        for (int r = 0; r < R; r++)
-            _mm512_mask_storeu_ps(out + r * ldo + 16 * h, mask[h], _mm512_add_ps(acc[r][h], b));
-    }
 }
 
 typedef void (*block_fn)(const float *x, int64_t ldx, const tile_t *t, const float *bias, float *out,

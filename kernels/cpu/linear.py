@@ -9,7 +9,14 @@
 - int4: data [NT, K // 2, TILE] uint8, one byte per (k pair, channel): the even k in the low
   nibble, the odd k in the high one; scales and mins [NT, K // G, TILE] (w = q * scale + min)
 
-NT = ceil(N / TILE); the padding channels are zero and never written out. The kernels
+NT = ceil(N / TILE); the padding channels are zero and never written out.
+
+W8A8 (:func:`pack_w8a8`, :func:`linear_w8a8`; AVX512_VNNI) is separate because it changes
+numerics: x is quantized per row to int8 on the fly (:func:`quantize_rows`) and multiplied
+with int8 per-channel codes in integer dot products. Its data is [NT, K // 4, TILE, 4] int8
+(four consecutive k of a channel together), scales [NT, 1, TILE], and ``mins`` holds
+128 x each channel's code sum (int32), which takes the +128 offset of the unsigned
+activations back out. The kernels
 dequantize in registers and accumulate in float32; :func:`reference_linear` (dequantize,
 then ``F.linear``) is their test oracle. The int8/int4 formats are those of
 :mod:`kernels.quantize`.
@@ -24,7 +31,7 @@ import torch.nn.functional as F
 from kernels.quantize import dequantize_int4, dequantize_int8
 
 TILE = 32
-FORMATS = ("f32", "bf16", "int8", "int4")
+FORMATS = ("f32", "bf16", "int8", "int4")    # the formats of linear(), in linear.c's order
 
 
 @dataclass(frozen=True)
@@ -107,8 +114,24 @@ def pack_int4(packed: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, gr
                         _tiles(mins.detach().float()))
 
 
+def pack_w8a8(qweight: torch.Tensor, scale: torch.Tensor) -> PackedWeight:
+    """quantize_int8's per-channel output (qweight [N, K] int8, scale [N]; K % 16 == 0) for
+    :func:`linear_w8a8`."""
+    n, k = _check_weight(qweight, "qweight")
+    if qweight.dtype != torch.int8 or scale.shape != (n,) or k % 16:
+        raise ValueError(f"W8A8 needs int8 codes [N, K] with K % 16 == 0 and a per-channel scale [N], "
+                         f"got {qweight.dtype} {(n, k)} and {tuple(scale.shape)}")
+    tiles = _tiles(qweight.detach())                                    # [NT, K, TILE]
+    data = tiles.reshape(-1, k // 4, 4, TILE).transpose(2, 3).contiguous()   # [NT, K // 4, TILE, 4]
+    comps = _tiles((qweight.detach().to(torch.int32).sum(1, keepdim=True) * 128).to(torch.int32))
+    return PackedWeight("w8a8", n, k, k, data, _tiles(scale.detach().float()[:, None]), comps)
+
+
 def dequantize(w: PackedWeight) -> torch.Tensor:
     """The [N, K] float32 weight that ``w`` stands for."""
+    if w.fmt == "w8a8":
+        return dequantize_int8(_untiles(w.data.transpose(2, 3).reshape(w.data.shape[0], w.k, TILE), w.n),
+                               _untiles(w.scales, w.n))
     data = _untiles(w.data, w.n)
     if w.fmt in ("f32", "bf16"):
         return data.float()
@@ -158,4 +181,37 @@ def linear(x: torch.Tensor, w: PackedWeight, bias: torch.Tensor | None = None,
     if not supported(w.fmt):
         return out.copy_(reference_linear(x, w, bias))
     _library().linear(x, w, bias, out)
+    return out
+
+
+def quantize_rows(x: torch.Tensor) -> torch.Tensor:
+    """x [M, K] -> the float32 values W8A8 multiplies: round(x / s) * s per row, s = max|x| / 127."""
+    amax = x.float().abs().amax(dim=1, keepdim=True)
+    s = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
+    return torch.round(x.float() / s).clamp_(-127, 127) * s
+
+
+def w8a8_supported() -> bool:
+    """The kernels built and this CPU runs :func:`linear_w8a8`'s fast path (AVX512_VNNI)."""
+    lib = _library()
+    return lib is not None and lib.linear_w8a8_supported()
+
+
+def reference_w8a8(x: torch.Tensor, w: PackedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Pure torch W8A8: quantize_rows(x), then F.linear with the dequantized weight."""
+    return F.linear(quantize_rows(x), dequantize(w), None if bias is None else bias.float())
+
+
+def linear_w8a8(x: torch.Tensor, w: PackedWeight, bias: torch.Tensor | None = None,
+                out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] float32 -> [M, N] float32 with x quantized per row to int8 (changes numerics:
+    see :func:`quantize_rows`); :func:`reference_w8a8` where the kernel does not run."""
+    if w.fmt != "w8a8":
+        raise ValueError(f"linear_w8a8 needs a pack_w8a8 weight, got {w.fmt}")
+    _check_call(x, w, bias, out)
+    if out is None:
+        out = torch.empty(x.shape[0], w.n, dtype=torch.float32)
+    if not w8a8_supported():
+        return out.copy_(reference_w8a8(x, w, bias))
+    _library().linear_w8a8(x, w, bias, out)
     return out

@@ -84,3 +84,20 @@ def test_refuses_what_it_does_not_take():
         L.pack_int8(*quantize_int8(torch.randn(8, 96), 24))       # 24 is not a multiple of 16
     with pytest.raises(ValueError):
         L.pack_int4(*quantize_int4(torch.randn(8, 64), 64), 64)   # per-channel int4
+
+
+@pytest.mark.skipif(not L.w8a8_supported(), reason="no AVX512_VNNI")
+@pytest.mark.parametrize("n,k,m", [(50, 64, 1), (100, 576, 3), (576, 1536, 9), (33, 576, 300), (960, 576, 8)])
+def test_w8a8_agrees_with_its_reference_and_stays_near_fp32(n, k, m):
+    gen = torch.Generator().manual_seed(n + k + m)
+    w, x, bias = torch.randn(n, k, generator=gen) * 0.05, torch.randn(m, k, generator=gen), torch.randn(n, generator=gen)
+    p = L.pack_w8a8(*quantize_int8(w))
+    assert torch.equal(L.dequantize(p), L.dequantize(L.pack_int8(*quantize_int8(w))))
+    y = L.linear_w8a8(x, p, bias)
+    _assert_close(y, L.quantize_rows(x), p, bias)     # exact int32 sums, float32 scaling
+    fp32 = F.linear(x, w, bias)
+    assert float((y - fp32).norm() / fp32.norm()) < 0.02      # int8 weights and activations: ~1 % here
+    with pytest.raises(ValueError):
+        L.linear_w8a8(x, L.pack_int8(*quantize_int8(w)))
+    with pytest.raises(ValueError):
+        L.pack_w8a8(*quantize_int8(torch.randn(8, 40)))      # K % 16 != 0

@@ -1,0 +1,110 @@
+/* W8A8: y = x W^T (+ b) with x quantized per row on the fly and int8 per-channel weights,
+ * as integer dot products (AVX512_VNNI vpdpbusd). It changes numerics (x is rounded to 8
+ * bits), so it is a function of its own (linear_w8a8 in linear.py), never a silent path.
+ *
+ * x row r: xs[r] = max|x[r]| / 127, xq = round(x / xs[r]) in [-127, 127], stored as
+ * xq + 128 (vpdpbusd multiplies unsigned by signed bytes). Weight: codes q [N, K] int8 in
+ * tiles [ceil(N/32)][K/4][32][4] (four consecutive k of one channel in one 32-bit lane),
+ * scale [N], and comp[n] = 128 * sum_k q[n][k], which takes the +128 back out:
+ *   y[r][n] = xs[r] * scale[n] * (sum_k (xq + 128) q - comp[n]) (+ b[n]).
+ * Sums are exact in int32 (|sum| < 2^31 for K < 33,000); the float conversion and the two
+ * scalings round.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "linear.h"
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+
+/* xu[r][k] = round(x[r][k] / xs[r]) + 128; K % 16 == 0. */
+static void quantize_rows(const float *x, int64_t M, int64_t K, uint8_t *xu, float *xs) {
+    for (int64_t r = 0; r < M; r++) {
+        const float *xr = x + r * K;
+        __m512 amax = _mm512_setzero_ps();
+        for (int64_t k = 0; k < K; k += 16) amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_loadu_ps(xr + k)));
+        const float m = _mm512_reduce_max_ps(amax);
+        const float scale = m > 0.f ? m / 127.f : 1.f;
+        const __m512 s = _mm512_set1_ps(scale);
+        for (int64_t k = 0; k < K; k += 16) {
+            __m512i q = _mm512_cvtps_epi32(_mm512_div_ps(_mm512_loadu_ps(xr + k), s));   /* nearest even */
+            q = _mm512_min_epi32(_mm512_max_epi32(q, _mm512_set1_epi32(-127)), _mm512_set1_epi32(127));
+            _mm_storeu_si128((__m128i *)(xu + r * K + k), _mm512_cvtepi32_epi8(_mm512_add_epi32(q, _mm512_set1_epi32(128))));
+        }
+        xs[r] = scale;
+    }
+}
+
+/* R rows of xu against one tile (codes w [K/4][32][4], scale and comp [32]). */
+AI void w8a8_block(const int R, const uint8_t *xu, int64_t K, const float *xs, const int8_t *w, const float *scale,
+                   const int32_t *comp, const float *bias, float *out, int64_t ldo, int cols) {
+    __m512i acc[RB][2];
+    for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm512_setzero_si512();
+    for (int64_t k = 0; k < K; k += 4) {
+        const __m512i w0 = _mm512_loadu_si512(w + k * TILE), w1 = _mm512_loadu_si512(w + k * TILE + 64);
+        for (int r = 0; r < R; r++) {
+            const __m512i xb = _mm512_set1_epi32(*(const int32_t *)(xu + r * K + k));
+            acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], xb, w0);
+            acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], xb, w1);
+        }
+    }
+    __m512 y[RB][2];
+    for (int h = 0; h < 2; h++) {
+        const __m512 s = _mm512_loadu_ps(scale + 16 * h);
+        const __m512i c = _mm512_loadu_si512(comp + 16 * h);
+        for (int r = 0; r < R; r++)
+            y[r][h] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r][h], c)),
+                                    _mm512_mul_ps(s, _mm512_set1_ps(xs[r])));
+    }
+    store_rows(R, y, bias, out, ldo, cols);
+}
+
+typedef void (*w8a8_fn)(const uint8_t *, int64_t, const float *, const int8_t *, const float *, const int32_t *,
+                        const float *, float *, int64_t, int);
+#define W8A8(R)                                                                                        \
+    static void w8a8_##R(const uint8_t *xu, int64_t K, const float *xs, const int8_t *w, const float *s, \
+                         const int32_t *c, const float *b, float *out, int64_t ldo, int cols) {        \
+        w8a8_block(R, xu, K, xs, w, s, c, b, out, ldo, cols);                                          \
+    }
+W8A8(1) W8A8(2) W8A8(3) W8A8(4) W8A8(5) W8A8(6) W8A8(7) W8A8(8)
+static const w8a8_fn w8a8_blocks[RB + 1] = {NULL, w8a8_1, w8a8_2, w8a8_3, w8a8_4, w8a8_5, w8a8_6, w8a8_7, w8a8_8};
+
+int fleet_linear_w8a8_supported(void) { return 1; }
+
+int fleet_linear_w8a8(const float *x, int64_t M, int64_t N, int64_t K, const int8_t *codes, const float *scales,
+                      const int32_t *comps, const float *bias, float *out, int num_threads) {
+    if (K < 16 || K % 16 || N < 1 || M < 0) return 1;
+    uint8_t *xu = malloc((size_t)(M * K + 64));
+    float *xs = malloc((size_t)(M + 1) * sizeof(float));
+    if (!xu || !xs) {
+        free(xu);
+        free(xs);
+        return 3;
+    }
+    quantize_rows(x, M, K, xu, xs);
+    const int64_t tiles = (N + TILE - 1) / TILE;
+    #pragma omp parallel for schedule(static) num_threads(num_threads) if (tiles > 1 && M * N * K >= 65536)
+    for (int64_t i = 0; i < tiles; i++) {
+        const int cols = N - i * TILE < TILE ? (int)(N - i * TILE) : TILE;
+        for (int64_t r0 = 0; r0 < M; r0 += RB) {
+            const int R = M - r0 < RB ? (int)(M - r0) : RB;
+            w8a8_blocks[R](xu + r0 * K, K, xs + r0, codes + i * K * TILE, scales + i * TILE, comps + i * TILE,
+                           bias ? bias + i * TILE : NULL, out + r0 * N + i * TILE, N, cols);
+        }
+    }
+    free(xu);
+    free(xs);
+    return 0;
+}
+
+#else   /* no AVX512_VNNI: linear_w8a8 computes its reference in torch */
+
+int fleet_linear_w8a8_supported(void) { return 0; }
+
+int fleet_linear_w8a8(const float *x, int64_t M, int64_t N, int64_t K, const int8_t *codes, const float *scales,
+                      const int32_t *comps, const float *bias, float *out, int num_threads) {
+    (void)x; (void)M; (void)N; (void)K; (void)codes; (void)scales; (void)comps; (void)bias; (void)out;
+    (void)num_threads;
+    return 1;
+}
+#endif
