@@ -11,7 +11,7 @@ from gpu_worker.config import EngineConfig
 from gpu_worker.cpu_tuning import tune_allocator
 from gpu_worker.errors import INTERNAL
 from gpu_worker.kv_cache import KVCacheManager
-from gpu_worker.model.build import build_model, kv_budget_bytes, kv_bytes_per_token, torch_dtype
+from gpu_worker.model.build import activation_dtype, build_model, kv_budget_bytes, kv_bytes_per_token
 from gpu_worker.model.loader import load_model_config, resolve_model_dir
 from gpu_worker.outputs import RequestDelta
 from gpu_worker.recovery import GuardedRunner
@@ -46,7 +46,7 @@ class EngineCore:
                                  cfg.max_position_embeddings)
         self.device = torch.device(config.device)
         self.model = build_model(config, cfg, self.model_dir, self.max_model_len, self.tokenizer)
-        dtype = torch_dtype(config.dtype)
+        dtype = activation_dtype(self.model)   # float32 for a CPU model with bf16 weights
         per_block = config.block_size * kv_bytes_per_token(cfg, dtype)
         budget = kv_budget_bytes(config)
         num_blocks = budget // per_block

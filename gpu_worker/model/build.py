@@ -12,7 +12,8 @@ from gpu_worker.model.config import ModelConfig
 from gpu_worker.model.llama import LlamaForCausalLM
 from gpu_worker.model.loader import load_state_dict
 from gpu_worker.model.ops.backends import select_ops
-from gpu_worker.model.ops.onednn import pack_for_cpu
+from gpu_worker.model.ops.cpu_linear import kernel_runs, pack_dense_for_cpu
+from gpu_worker.model.ops.onednn import pack_for_cpu, pack_head
 
 logger = logging.getLogger(__name__)
 
@@ -29,19 +30,43 @@ def build_model(config: EngineConfig, cfg: ModelConfig, model_dir: Path, max_mod
                 tokenizer) -> LlamaForCausalLM:
     """Weights loaded, moved to the device, cast, then (last, so scales keep float32)
     weight-only quantized if asked, INT4 calibrated with ``tokenizer``'s text (once: the
-    result is cached, ``quant/cache.py``); else packed for oneDNN on the CPU."""
+    result is cached, ``quant/cache.py``); then packed for the CPU's matmuls.
+
+    With the ``cpu`` ops backend (the C kernels), quantized projections run on the packed
+    int8/int4 kernels (``ops/cpu_linear.py``), and ``dtype="bfloat16"`` means bfloat16
+    *weights* only: the projections and the LM head are packed as bf16 tiles while the
+    activations, norms, embedding, KV cache and attention stay float32 (:func:`activation_dtype`).
+    Elsewhere the model is cast to ``dtype`` whole, and oneDNN packs fp32/bf16 projections."""
     device = torch.device(config.device)
     ops = select_ops(device, config.ops_backend, cpu_kernels=config.cpu_kernels)
     model = LlamaForCausalLM(cfg, ops, max_positions=max_model_len)
     model.load_hf_state_dict(load_state_dict(model_dir))
-    model.eval().to(device=device, dtype=torch_dtype(config.dtype))
+    bf16_weights = ops.name == "cpu" and config.dtype == "bfloat16"
+    model.eval().to(device=device, dtype=torch.float32 if bf16_weights else torch_dtype(config.dtype))
     if config.quantization:
         from gpu_worker.model.quant.cache import quantize_for_serving
 
-        quantize_for_serving(model, config.quantization, model_dir, tokenizer, cache=config.quant_cache)
+        quantize_for_serving(model, serving_spec(config), model_dir, tokenizer, cache=config.quant_cache)
+        if config.onednn:
+            pack_head(model)
+    elif bf16_weights and kernel_runs("bf16", "serving float32 weights instead"):
+        pack_dense_for_cpu(model, "bf16")
     elif config.onednn:
         pack_for_cpu(model)
     return model
+
+
+def serving_spec(config: EngineConfig) -> str:
+    """``config.quantization``, with ``+head`` added when ``quantize_lm_head`` asks for a
+    quantized LM head and the spec names none."""
+    spec = config.quantization
+    return f"{spec}+head" if config.quantize_lm_head and "+" not in spec else spec
+
+
+def activation_dtype(model: LlamaForCausalLM) -> torch.dtype:
+    """The dtype of the model's activations, hence of its KV cache: that of its norms, which
+    is float32 for a CPU model whose matmul weights are packed as bfloat16."""
+    return model.norm.dtype
 
 
 def kv_budget_bytes(config: EngineConfig) -> int:

@@ -9,8 +9,10 @@ blocked layout, it ran 2-10x faster than ``F.linear`` on every SmolLM2 projectio
 the speed).
 
 Results differ from ``F.linear`` by float32 rounding only (another summation order).
-Packing is chosen in one place, :func:`pack_for_cpu`, at load, for CPU float32 and bfloat16
-models that are not quantized; ``EngineConfig.onednn`` off (``FLEET_ONEDNN=0``) skips it.
+Packing is chosen at load (``model/build.py``): :func:`pack_for_cpu` for CPU float32
+models (and bfloat16 ones when the packed-weight kernels of ``cpu_linear.py`` do not serve
+them), :func:`pack_head` for the float LM head of a quantized model; ``EngineConfig.onednn``
+off (``FLEET_ONEDNN=0``) skips both.
 """
 from __future__ import annotations
 
@@ -78,16 +80,31 @@ def pack_for_cpu(model: nn.Module) -> int:
     """Swap every dense ``Linear`` of a CPU float32/bfloat16 model for a :class:`PackedLinear`
     and give the model a packed LM head (``packed_head``); in place. Returns how many layers
     were packed: 0 when oneDNN is unavailable or the model is not on the CPU in such a dtype."""
-    head = getattr(model, "lm_head", None)
-    probe = next((p for p in model.parameters() if p.numel()), None)
-    if not available() or probe is None or probe.device.type != "cpu" or not packable(probe.dtype):
+    if not _packs(model):
         return 0
     targets = [(parent, name, child) for parent in model.modules()
                for name, child in parent.named_children() if type(child) is Linear]
     for parent, name, child in targets:
         setattr(parent, name, PackedLinear(child.weight, child.bias))
-    if isinstance(head, torch.Tensor) and head.numel():
-        model.packed_head = PackedLinear(head)
+    pack_head(model)
     logger.info("oneDNN: %d linear layers%s packed", len(targets),
                 " and the LM head" if getattr(model, "packed_head", None) is not None else "")
     return len(targets)
+
+
+def pack_head(model: nn.Module) -> bool:
+    """Give a CPU float model whose LM head has no packed copy yet one in oneDNN's layout
+    (``packed_head``; a quantized model's float head, say). Returns whether it did."""
+    head = getattr(model, "lm_head", None)
+    if getattr(model, "packed_head", None) is not None or not isinstance(head, torch.Tensor) or not head.numel():
+        return False
+    if not _packs(model):
+        return False
+    model.packed_head = PackedLinear(head)
+    return True
+
+
+def _packs(model: nn.Module) -> bool:
+    """oneDNN is there and the model's weights are on the CPU in a dtype it packs."""
+    probe = next((p for p in model.parameters() if p.numel()), None)
+    return available() and probe is not None and probe.device.type == "cpu" and packable(probe.dtype)

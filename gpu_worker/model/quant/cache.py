@@ -8,7 +8,10 @@ for (the calibration text is cut to them) and the recipe version, so later
 starts load it in about a second, and a changed model or recipe is quantized afresh.
 Several workers starting at once each quantize and the first to finish publishes (an
 atomic rename). ``EngineConfig.quant_cache`` off (``FLEET_QUANT_CACHE=0``) turns the cache off.
-INT8 and uncalibrated INT4 take well under a second and are not cached.
+INT8 and uncalibrated INT4 take well under a second and are not cached; nor is a quantized
+LM head (``+head``): the cache holds the projections of the spec's layer part, so ``int4``
+and ``int4+head`` share one entry. What is cached is the canonical form; packing for the
+CPU kernels is done after loading it.
 """
 from __future__ import annotations
 
@@ -23,7 +26,9 @@ from torch import nn
 
 from gpu_worker.model.default_model import cache_root
 from gpu_worker.model.quant.calibration import calibration_sequences
-from gpu_worker.model.quant.quantize import CHECKPOINT_META, load_quantized, parse_method, quantize_model, save_quantized
+from gpu_worker.model.quant.checkpoint import CHECKPOINT_META, load_quantized, save_quantized
+from gpu_worker.model.quant.cpu_pack import pack_quantized
+from gpu_worker.model.quant.quantize import parse_method, quantize_head, quantize_model
 
 logger = logging.getLogger(__name__)
 
@@ -31,14 +36,26 @@ RECIPE = "int4-selfgen-awq-gptq-1"   # change whenever calibration or fitting ch
 
 
 def quantize_for_serving(model: nn.Module, spec: str, model_dir: Path | None, tokenizer, *,
-                         cache: bool = True) -> None:
+                         cache: bool = True, pack: bool | None = None) -> None:
     """Quantize ``model`` in place as ``--quantization spec`` asks: INT4 calibrated with
     ``tokenizer``'s text (with ``cache``, read from the cache when this model was quantized
-    so before, else written there)."""
-    method, _ = parse_method(spec)
-    if method != "int4" or tokenizer is None:
+    so before, else written there), the LM head too if the spec says so; then, with
+    ``pack`` (default: the model runs the ``cpu`` ops backend, whose C kernels include the
+    packed matmuls), packed for the CPU kernels (``cpu_pack.py``)."""
+    parsed = parse_method(spec)
+    if parsed.method != "int4" or tokenizer is None:
         quantize_model(model, spec)
-        return
+    else:
+        _calibrated_int4(model, parsed.layers, model_dir, tokenizer, cache)
+        if parsed.head is not None:
+            quantize_head(model, parsed.head)
+    if pack is None:
+        pack = getattr(getattr(model, "ops", None), "name", None) == "cpu"
+    if pack:
+        pack_quantized(model)
+
+
+def _calibrated_int4(model: nn.Module, spec: str, model_dir: Path | None, tokenizer, cache: bool) -> None:
     path = cache_path(model, spec, model_dir) if cache else None
     if path is not None and (path / CHECKPOINT_META).exists():
         t0 = time.perf_counter()

@@ -1,37 +1,40 @@
 """Weight-only INT8 / INT4 quantization, gpt-fast style: quantize once at load, swap the
 model's :class:`Linear` modules for quantized ones.
 
-Formats are those of ``kernels/quantize.py``: INT8 symmetric per output channel, INT4
-asymmetric per group of input features (group 128 by default). Embeddings, norms and the
-LM head stay in float.
+Formats are those of ``kernels/quantize.py``: INT8 symmetric per output channel (``int8``)
+or per group of input features (``int8-g<G>``), INT4 asymmetric per group (``int4``, group
+128 by default; ``int4-g<G>``). Embeddings and norms stay in float; the LM head too unless
+the spec ends in ``+head`` (INT8 per channel) or ``+head-<format>`` (``+head-int8-g32``,
+``+head-int4-g64``): then ``packed_head`` holds a quantized copy of it.
 
 Forward paths (chosen once, at quantization, from the model's ops backend):
 
 - ``triton`` (CUDA): ``kernels.int8_matmul`` / ``kernels.int4_matmul`` dequantize in
-  registers: the weights are read at 1 or 0.5625 bytes each.
-- ``torch`` (CPU): dequantize, then an fp32 matmul. Measured on the build machine's CPU (2 threads,
-  [M, 1536] x [1536, 576], see ``fleet bench quant``): fp32 70 us / 0.78 ms / 2.3 ms at
-  M = 1 / 32 / 256; INT8 as ``(x @ q.T) * scale`` 0.24 / 0.85 / 2.6 ms vs
-  ``torch._weight_int8pack_mm`` 0.90 / 35 / 258 ms; INT4 dequantize-then-matmul 1.3 / 1.8 /
-  3.3 ms vs ``torch._weight_int4pack_mm_for_cpu`` 1.8 / 50 / 418 ms. So the CPU path never
-  uses torch's int kernels: quantization saves memory here, not time.
+  registers (grouped INT8 has no Triton kernel: it dequantizes, then matmuls).
+- ``torch``: dequantize, then a float matmul. On the CPU this is only the fallback: the
+  engine swaps these modules for :class:`~gpu_worker.model.ops.cpu_linear.CpuPackedLinear`
+  after quantizing (``cpu_pack.py``), whose C kernels read the int8/int4 tiles directly.
 
-A layer whose in_features is not a multiple of the INT4 group size uses the largest power
+This module's modules are the canonical form: what ``save_quantized`` writes, the cache
+holds and ``load_quantized`` reads; packing for the CPU is done after, from them.
+
+A layer whose in_features is not a multiple of the group size uses the largest power
 of two (>= 16) below it that divides in_features (SmolLM2's 576 -> 64), logged once.
 """
 from __future__ import annotations
 
-import json
 import logging
 import re
-from pathlib import Path
+from types import SimpleNamespace
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.quantize import dequantize_int4, quantize_int8
+from kernels.quantize import dequantize_int4, dequantize_int8, quantize_int8
 from gpu_worker.model.ops.base import Linear
+from gpu_worker.model.ops.cpu_linear import CpuPackedLinear
 from gpu_worker.model.ops.onednn import PackedLinear
 from gpu_worker.model.quant.calibration import LayerInputs, layer_inputs, search_input_scales
 from gpu_worker.model.quant.gptq import gptq_int4
@@ -40,34 +43,62 @@ from gpu_worker.model.quant.int4_fit import QUICK, fit_int4
 logger = logging.getLogger(__name__)
 
 METHODS = ("int8", "int4")
-_METHOD_RE = re.compile(r"^(int8|int4)(?:-g(\d+))?$")
-CHECKPOINT_FILE = "quantized.safetensors"
-CHECKPOINT_META = "quantization.json"
+_PART_RE = re.compile(r"^(int8|int4)(?:-g(\d+))?$")
+SPEC_HELP = ("use int8, int8-g<group>, int4 or int4-g<group> (group: a power of two >= 16), optionally followed by "
+             "+head (the LM head in int8 per channel too) or +head-<one of those>")
 
 
-def parse_method(spec: str) -> tuple[str, int]:
-    """'int8' | 'int4' | 'int4-g64' -> (method, group_size); ValueError otherwise."""
-    m = _METHOD_RE.match(spec or "")
-    if not m or (m.group(1) == "int8" and m.group(2)):
-        raise ValueError(f"unknown quantization {spec!r}; use int8, int4 or int4-g<group size>")
+class QuantSpec(NamedTuple):
+    """A parsed ``--quantization`` value (:func:`parse_method`)."""
+    method: str                                 # the projections' format: "int8" | "int4"
+    group_size: int | None                      # input features per scale; None: INT8 per output channel
+    head: tuple[str, int | None] | None = None  # the LM head's (method, group_size); None: it stays float
+    layers: str = ""                            # the spec without "+head...": what a checkpoint holds
+
+
+def _parse_part(part: str, spec: str) -> tuple[str, int | None]:
+    m = _PART_RE.match(part)
+    if not m:
+        raise ValueError(f"unknown quantization {spec!r}; {SPEC_HELP}")
+    if m.group(1) == "int8" and not m.group(2):
+        return "int8", None
     group = int(m.group(2) or 128)
     if group < 16 or group & (group - 1):
-        raise ValueError(f"int4 group size must be a power of two >= 16, got {group}")
+        raise ValueError(f"quantization {spec!r}: the group size must be a power of two >= 16, got {group}")
     return m.group(1), group
 
 
-class Int8Linear(nn.Module):
-    """y = x @ (q * scale[:, None]).T (+ b); q [out, in] int8."""
+def parse_method(spec: str) -> QuantSpec:
+    """'int8' -> ('int8', None, None, 'int8'); 'int4-g64+head' -> ('int4', 64, ('int8', None), 'int4-g64');
+    'int4' has group 128; ValueError (saying what is accepted) for anything else."""
+    layers, plus, head = (spec or "").partition("+")
+    method, group = _parse_part(layers, spec)
+    if not plus:
+        return QuantSpec(method, group, None, layers)
+    if head == "head":
+        return QuantSpec(method, group, ("int8", None), layers)
+    if not head.startswith("head-"):
+        raise ValueError(f"unknown quantization {spec!r}; {SPEC_HELP}")
+    return QuantSpec(method, group, _parse_part(head[len("head-"):], spec), layers)
 
-    def __init__(self, out_features: int, in_features: int, bias: bool, use_triton: bool) -> None:
+
+class Int8Linear(nn.Module):
+    """y = x @ dequant(q, scale).T (+ b); q [out, in] int8, scale [out] (per channel) or
+    [out, in // group_size] (per group of input features)."""
+
+    def __init__(self, out_features: int, in_features: int, bias: bool, use_triton: bool,
+                 group_size: int | None = None) -> None:
         super().__init__()
-        self.use_triton = use_triton
+        self.use_triton, self.group_size = use_triton, group_size
+        scale_shape = (out_features,) if group_size is None else (out_features, in_features // group_size)
         self.register_buffer("qweight", torch.empty(out_features, in_features, dtype=torch.int8))
-        self.register_buffer("scale", torch.empty(out_features, dtype=torch.float32))
+        self.register_buffer("scale", torch.empty(scale_shape, dtype=torch.float32))
         self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [n, in] -> [n, out]
-        if self.use_triton:
+        if self.group_size is not None:   # no kernel for grouped INT8 here (the CPU path packs it)
+            out = F.linear(x, dequantize_int8(self.qweight, self.scale).to(x.dtype))
+        elif self.use_triton:
             import kernels
 
             out = kernels.int8_matmul(x, self.qweight, self.scale)
@@ -105,8 +136,8 @@ class Int4Linear(nn.Module):
 
 
 def int4_group_for(in_features: int, group_size: int) -> int:
-    """The group size a layer gets: group_size, or the largest smaller power of two that
-    divides in_features; ValueError when even 16 does not."""
+    """The group size a layer gets (INT4, and grouped INT8): group_size, or the largest
+    smaller power of two that divides in_features; ValueError when even 16 does not."""
     g = group_size
     while g >= 16 and in_features % g:
         g //= 2
@@ -115,25 +146,27 @@ def int4_group_for(in_features: int, group_size: int) -> int:
     return g
 
 
-def _empty_quantized(lin: Linear, method: str, group_size: int, use_triton: bool,
-                     input_scaled: bool = False) -> nn.Module:
+def empty_quantized(lin: Linear, method: str, group_size: int | None, use_triton: bool,
+                    input_scaled: bool = False) -> nn.Module:
+    """An uninitialised quantized module of ``lin``'s shape (a checkpoint is loaded into it)."""
     out_f, in_f = lin.out_features, lin.in_features
     has_bias = lin.bias is not None
     if method == "int8":
-        return Int8Linear(out_f, in_f, has_bias, use_triton)
+        group = None if group_size is None else int4_group_for(in_f, group_size)
+        return Int8Linear(out_f, in_f, has_bias, use_triton, group)
     return Int4Linear(out_f, in_f, has_bias, use_triton, int4_group_for(in_f, group_size), input_scaled)
 
 
-def _quantize_linear(lin: Linear, method: str, group_size: int, use_triton: bool,
+def _quantize_linear(lin: Linear, method: str, group_size: int | None, use_triton: bool,
                      inputs: LayerInputs | None = None) -> nn.Module:
     """Quantized copy of ``lin``. INT4 given calibration ``inputs`` (what the layer received):
     activation-aware input scales, then GPTQ; without: a least-squares fit per group."""
     weight = lin.weight
     calibrated = method == "int4" and inputs is not None
-    q = _empty_quantized(lin, method, group_size, use_triton, calibrated).to(weight.device)
+    q = empty_quantized(lin, method, group_size, use_triton, calibrated).to(weight.device)
     with torch.no_grad():
         if method == "int8":
-            q.qweight, q.scale = quantize_int8(weight)
+            q.qweight, q.scale = quantize_int8(weight, q.group_size)
         elif calibrated:
             g = q.group_size
 
@@ -152,15 +185,18 @@ def _quantize_linear(lin: Linear, method: str, group_size: int, use_triton: bool
 
 
 def _projections(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
-    """(parent, name, module) of every float projection that quantization replaces. The LM
-    head (also when oneDNN-packed, as ``packed_head``) stays in float."""
+    """(parent, name, module) of every float projection that quantization replaces (a packed
+    one is read through its dense ``weight``). The LM head (``packed_head``) is not one."""
     head = getattr(model, "packed_head", None)
     return [(parent, name, child) for parent in model.modules()
-            for name, child in parent.named_children()
-            if isinstance(child, (Linear, PackedLinear)) and child is not head]
+            for name, child in parent.named_children() if child is not head and _is_float_projection(child)]
 
 
-def _swap_linears(model: nn.Module, make) -> int:
+def _is_float_projection(mod: nn.Module) -> bool:
+    return isinstance(mod, (Linear, PackedLinear)) or (isinstance(mod, CpuPackedLinear) and mod.fmt in ("f32", "bf16"))
+
+
+def swap_linears(model: nn.Module, make) -> int:
     """Replace every projection of model by make(projection); returns how many."""
     targets = _projections(model)
     for parent, name, child in targets:
@@ -168,16 +204,23 @@ def _swap_linears(model: nn.Module, make) -> int:
     return len(targets)
 
 
+def uses_triton(model: nn.Module, use_triton: bool | None) -> bool:
+    """``use_triton``, or when None whether the model's ops backend is ``triton``."""
+    if use_triton is None:
+        return getattr(getattr(model, "ops", None), "name", "torch") == "triton"
+    return use_triton
+
+
 def quantize_model(model: nn.Module, spec: str, *, use_triton: bool | None = None,
                    calibration: list[list[int]] | None = None) -> nn.Module:
-    """Swap model's Linear modules for quantized ones, in place, on the weights' device.
-    ``use_triton`` defaults to the model's ops backend being ``triton``. For INT4,
-    ``calibration`` (token sequences, e.g. ``calibration.calibration_sequences``) turns on
-    activation-aware input scales and GPTQ."""
-    method, group = parse_method(spec)
-    if use_triton is None:
-        use_triton = getattr(getattr(model, "ops", None), "name", "torch") == "triton"
-    groups: set[int] = set()
+    """Swap model's Linear modules for quantized ones, in place, on the weights' device, and
+    quantize the LM head too if ``spec`` says so (:func:`quantize_head`). ``use_triton``
+    defaults to the model's ops backend being ``triton``. For INT4, ``calibration`` (token
+    sequences, e.g. ``calibration.calibration_sequences``) turns on activation-aware input
+    scales and GPTQ."""
+    method, group, head, _ = parse_method(spec)
+    use_triton = uses_triton(model, use_triton)
+    groups: set[int | None] = set()
     stats: dict[nn.Module, LayerInputs] = {}
     if method == "int4" and calibration:
         targets = {child for _, _, child in _projections(model)}
@@ -185,77 +228,62 @@ def quantize_model(model: nn.Module, spec: str, *, use_triton: bool | None = Non
 
     def make(lin: Linear) -> nn.Module:
         q = _quantize_linear(lin, method, group, use_triton, stats.get(lin))
-        groups.add(getattr(q, "group_size", 0))
+        groups.add(q.group_size)
         return q
 
-    n = _swap_linears(model, make)
-    if method == "int4" and groups != {group}:
-        logger.info("int4: requested group %d; layers use groups %s (in_features not divisible)", group,
+    n = swap_linears(model, make)
+    if groups != {group}:
+        logger.info("%s: requested group %s; layers use groups %s (in_features not divisible)", method, group,
                     sorted(groups))
     logger.info("quantized %d linear layers to %s (%s kernels%s)", n, spec, "triton" if use_triton else "torch",
                 ", activation-aware + GPTQ" if stats else "")
+    if head is not None:
+        quantize_head(model, head, use_triton=use_triton)
     return model
+
+
+def quantize_head(model: nn.Module, head: tuple[str, int | None], *, use_triton: bool | None = None) -> None:
+    """Set ``model.packed_head`` to a quantized copy of the LM head (``head`` = (method,
+    group_size); INT4 uncalibrated). The (tied) float weight stays for the embedding lookups."""
+    weight = getattr(model, "lm_head", None)
+    if not isinstance(weight, torch.Tensor) or not weight.numel():
+        return
+    lin = SimpleNamespace(weight=weight, bias=None, out_features=weight.shape[0], in_features=weight.shape[1])
+    model.packed_head = _quantize_linear(lin, head[0], head[1], uses_triton(model, use_triton))
+    logger.info("LM head quantized to %s (group %s)", *head)
+
+
+def _module_bytes(mod: nn.Module, seen: set[int]) -> int:
+    """Bytes of mod's own parameters, persistent buffers and packed weight not yet in ``seen``."""
+    tensors = list(mod.parameters(recurse=False)) + [
+        b for n, b in mod.named_buffers(recurse=False) if b is not None and n not in mod._non_persistent_buffers_set]
+    nbytes = 0
+    for t in tensors:
+        if id(t) not in seen:
+            seen.add(id(t))
+            nbytes += t.numel() * t.element_size()
+    if isinstance(mod, PackedLinear):
+        nbytes += mod.packed.numel() * mod.packed.element_size()
+    if isinstance(mod, CpuPackedLinear):
+        nbytes += mod.packed_bytes
+    return nbytes
 
 
 def weight_bytes(model: nn.Module) -> dict[str, int]:
     """Bytes of the linear layers' weights and of all parameters and persistent buffers
-    (a tied embedding counted once). A oneDNN-packed LM head is a second copy of the
-    (tied) embedding: counted in the total and reported apart as ``packed_head_bytes``."""
+    (a tied embedding counted once). A packed or quantized LM head (``packed_head``) is a
+    second copy of the (tied) embedding: counted in the total and reported apart as
+    ``packed_head_bytes``."""
     seen: set[int] = set()
-    total = linear = 0
     head = getattr(model, "packed_head", None)
-    head_bytes = head.packed.numel() * head.packed.element_size() if head is not None else 0
+    head_bytes = 0 if head is None else sum(_module_bytes(m, seen) for m in head.modules())
+    total = linear = 0
     for mod in model.modules():
-        if mod is head:
+        if head is not None and mod is head:
             continue
-        is_linear = isinstance(mod, (Linear, PackedLinear, Int8Linear, Int4Linear))
-        tensors = list(mod.named_parameters(recurse=False)) + [
-            (n, b) for n, b in mod.named_buffers(recurse=False) if n not in mod._non_persistent_buffers_set]
-        if isinstance(mod, PackedLinear):
-            tensors.append(("packed", mod.packed))
-        for _, t in tensors:
-            if id(t) in seen:
-                continue
-            seen.add(id(t))
-            nbytes = t.numel() * t.element_size()
-            total += nbytes
-            linear += nbytes if is_linear else 0
+        nbytes = _module_bytes(mod, seen)
+        total += nbytes
+        if isinstance(mod, (Linear, PackedLinear, CpuPackedLinear, Int8Linear, Int4Linear)):
+            linear += nbytes
     return {"linear_weight_bytes": linear, "total_weight_bytes": total + head_bytes,
             "packed_head_bytes": head_bytes}
-
-
-def save_quantized(model: nn.Module, spec: str, directory: str | Path) -> Path:
-    """Write the quantized model's state (all weights) beside a small JSON header."""
-    from safetensors.torch import save_file
-
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    state = {k: v.contiguous().cpu() for k, v in model.state_dict().items()}
-    if getattr(model.cfg, "tie_word_embeddings", False):
-        state.pop("lm_head", None)
-    save_file(state, str(directory / CHECKPOINT_FILE))
-    (directory / CHECKPOINT_META).write_text(json.dumps({"quantization": spec, "format": 1}))
-    return directory / CHECKPOINT_FILE
-
-
-def load_quantized(model: nn.Module, directory: str | Path, *, use_triton: bool | None = None) -> str:
-    """Swap model's Linear modules for empty quantized ones and load a checkpoint written by
-    :func:`save_quantized`; returns its quantization spec. ValueError if none is there."""
-    from safetensors.torch import load_file
-
-    directory = Path(directory)
-    meta_path = directory / CHECKPOINT_META
-    if not meta_path.exists():
-        raise ValueError(f"no pre-quantized checkpoint in {directory}")
-    spec = json.loads(meta_path.read_text())["quantization"]
-    method, group = parse_method(spec)
-    if use_triton is None:
-        use_triton = getattr(getattr(model, "ops", None), "name", "torch") == "triton"
-    state = load_file(str(directory / CHECKPOINT_FILE))
-    scaled = any(k.endswith(".input_scale") for k in state)
-    _swap_linears(model, lambda lin: _empty_quantized(lin, method, group, use_triton, scaled))
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = [k for k in missing if not (k == "lm_head" and model.cfg.tie_word_embeddings)]
-    if missing or unexpected:
-        raise ValueError(f"checkpoint mismatch: missing {missing[:5]}, unexpected {unexpected[:5]}")
-    return spec

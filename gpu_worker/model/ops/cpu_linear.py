@@ -1,0 +1,123 @@
+"""Projections served by the packed-weight CPU kernels (``kernels/cpu/linear.c``).
+
+A :class:`CpuPackedLinear` holds one ``kernels.cpu.linear.PackedWeight`` (f32, bf16, int8 or
+int4 tiles, packed once at load) and computes ``y = (x / input_scale) W^T (+ b)`` in float32:
+the kernels read the small weights directly and dequantize in registers, so int8 streams a
+quarter of fp32's bytes and bf16 half. Activations, bias and input scale stay float32.
+
+Where a format's kernel does not run on this CPU (``supported(fmt)`` false: no AVX-512, or
+the C kernels did not build), the callers keep their previous path instead of packing, and
+:func:`kernel_runs` says so once per format in the log.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from kernels.cpu import linear as packed_linear
+from gpu_worker.model.ops.base import Linear
+
+logger = logging.getLogger(__name__)
+
+_reported: set[str] = set()
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags as /proc/cpuinfo lists them (empty where it does not exist)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
+    return set(line.partition(":")[2].split())
+
+
+def kernel_runs(fmt: str, instead: str) -> bool:
+    """Whether the packed ``fmt`` kernel runs on this CPU; when it does not, log once (per
+    format) which instructions it needs, which of them this CPU has, and ``instead``: what
+    the engine uses in its place."""
+    if packed_linear.supported(fmt):
+        return True
+    if fmt not in _reported:
+        _reported.add(fmt)
+        flags = cpu_flags()
+        have = [f for f in ("avx512f", "avx512bw", "avx512_bf16") if f in flags]
+        logger.warning("packed %s weights: the kernel does not run here (it needs the C kernels built and AVX-512 "
+                       "F/BW; this CPU has %s); %s", fmt, ", ".join(have) or "none of them", instead)
+    return False
+
+
+class CpuPackedLinear(nn.Module):
+    """y = (x / input_scale) W^T (+ b) over a packed weight; x [n, in] float32 -> [n, out] float32.
+
+    ``weight`` dequantizes a dense float32 copy on demand (``input_scale`` folded in), so
+    code that reads ``.weight`` (quantizing a copy of a packed model) sees the layer it computes.
+    """
+
+    def __init__(self, packed: packed_linear.PackedWeight, bias: torch.Tensor | None = None,
+                 input_scale: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.packed = packed
+        self.out_features, self.in_features = packed.n, packed.k
+        self.bias = None if bias is None else nn.Parameter(bias.detach().float().clone(), requires_grad=False)
+        self.register_buffer("input_scale", None if input_scale is None else input_scale.detach().float().clone())
+
+    @classmethod
+    def dense(cls, weight: torch.Tensor, fmt: str, bias: torch.Tensor | None = None) -> CpuPackedLinear:
+        """A float weight [out, in] packed as ``f32`` or ``bf16``."""
+        pack = {"f32": packed_linear.pack_f32, "bf16": packed_linear.pack_bf16}[fmt]
+        return cls(pack(weight), bias)
+
+    @property
+    def fmt(self) -> str:
+        return self.packed.fmt
+
+    @property
+    def packed_bytes(self) -> int:
+        """Bytes of the packed weight (tiles, scales, minima; tile padding included)."""
+        parts = (self.packed.data, self.packed.scales, self.packed.mins)
+        return sum(t.numel() * t.element_size() for t in parts if t is not None)
+
+    @property
+    def weight(self) -> torch.Tensor:  # [out, in] float32
+        w = packed_linear.dequantize(self.packed)
+        return w if self.input_scale is None else w / self.input_scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [n, in] -> [n, out] float32
+        if self.input_scale is not None:
+            x = x / self.input_scale
+        x = x.float().contiguous()
+        if x.shape[0] == 0:
+            return x.new_empty(0, self.out_features)
+        return packed_linear.linear(x, self.packed, self.bias)
+
+    def __deepcopy__(self, memo: dict) -> CpuPackedLinear:
+        # The packed weight is never written after load, so a copy (a self-drafter's) shares it.
+        new = CpuPackedLinear(self.packed, self.bias, self.input_scale)
+        memo[id(self)] = new
+        return new
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, fmt={self.fmt}, "
+                f"group={self.packed.group}, bias={self.bias is not None}, "
+                f"input_scale={self.input_scale is not None}")
+
+
+def pack_dense_for_cpu(model: nn.Module, fmt: str) -> int:
+    """Swap every dense ``Linear`` of a float32 CPU model for a :class:`CpuPackedLinear` of
+    format ``fmt`` (``bf16``: weights rounded to bfloat16, half the bytes) and give the
+    model a packed LM head (``packed_head``, a second copy of a tied embedding); in place.
+    Returns how many projections were packed."""
+    targets = [(parent, name, child) for parent in model.modules()
+               for name, child in parent.named_children() if type(child) is Linear]
+    for parent, name, child in targets:
+        setattr(parent, name, CpuPackedLinear.dense(child.weight, fmt, child.bias))
+    head = getattr(model, "lm_head", None)
+    if isinstance(head, torch.Tensor) and head.numel():
+        model.packed_head = CpuPackedLinear.dense(head, fmt)
+    logger.info("%d linear layers%s packed as %s for the CPU kernels", len(targets),
+                " and the LM head" if getattr(model, "packed_head", None) is not None else "", fmt)
+    return len(targets)

@@ -1,0 +1,56 @@
+"""Pre-quantized checkpoints: the canonical quantized modules of ``quantize.py`` written to
+and read from a safetensors file beside a small JSON header. The calibrated-INT4 cache
+(``cache.py``) and ``fleet quantize`` use them; a quantized LM head is never stored (it is
+requantized from the float head in well under a second), nor are CPU-packed modules:
+save before packing (``cpu_pack.py``), pack after loading."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from torch import nn
+
+from gpu_worker.model.ops.cpu_linear import CpuPackedLinear
+from gpu_worker.model.quant.quantize import empty_quantized, swap_linears, uses_triton, parse_method
+
+CHECKPOINT_FILE = "quantized.safetensors"
+CHECKPOINT_META = "quantization.json"
+
+
+def save_quantized(model: nn.Module, spec: str, directory: str | Path) -> Path:
+    """Write the quantized model's state (all weights but a quantized LM head) beside a small
+    JSON header naming ``spec``'s layers. ValueError for a CPU-packed model."""
+    from safetensors.torch import save_file
+
+    if any(isinstance(m, CpuPackedLinear) for m in model.modules()):
+        raise ValueError("save_quantized needs the canonical quantized modules: save before packing for the CPU")
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    state = {k: v.contiguous().cpu() for k, v in model.state_dict().items() if not k.startswith("packed_head.")}
+    if getattr(model.cfg, "tie_word_embeddings", False):
+        state.pop("lm_head", None)
+    save_file(state, str(directory / CHECKPOINT_FILE))
+    (directory / CHECKPOINT_META).write_text(json.dumps({"quantization": parse_method(spec).layers, "format": 1}))
+    return directory / CHECKPOINT_FILE
+
+
+def load_quantized(model: nn.Module, directory: str | Path, *, use_triton: bool | None = None) -> str:
+    """Swap model's Linear modules for empty quantized ones and load a checkpoint written by
+    :func:`save_quantized`; returns its quantization spec. ValueError if none is there."""
+    from safetensors.torch import load_file
+
+    directory = Path(directory)
+    meta_path = directory / CHECKPOINT_META
+    if not meta_path.exists():
+        raise ValueError(f"no pre-quantized checkpoint in {directory}")
+    spec = json.loads(meta_path.read_text())["quantization"]
+    method, group, _, _ = parse_method(spec)
+    use_triton = uses_triton(model, use_triton)
+    state = load_file(str(directory / CHECKPOINT_FILE))
+    scaled = any(k.endswith(".input_scale") for k in state)
+    swap_linears(model, lambda lin: empty_quantized(lin, method, group, use_triton, scaled))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not (k == "lm_head" and model.cfg.tie_word_embeddings)]
+    if missing or unexpected:
+        raise ValueError(f"checkpoint mismatch: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    return spec
