@@ -33,6 +33,7 @@ HEADERS = ("simd.h", "paged.h", "linear.h")
 # rounds as torch does (glue.c).
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC", "-std=gnu11")
 _P, _I64 = ctypes.c_void_p, ctypes.c_int64
+_LINEAR_FORMATS = {"f32": 0, "bf16": 1, "int8": 2, "int4": 3}   # linear.c's format codes (linear.FORMATS)
 
 
 class CpuKernels:
@@ -168,11 +169,9 @@ class CpuKernels:
 
     def linear(self, x: torch.Tensor, w, bias: torch.Tensor | None, out: torch.Tensor) -> None:
         """out [M, N] = x [M, K] W^T (+ bias) for a checked linear.PackedWeight ``w``."""
-        from kernels.cpu.linear import FORMATS
-
-        ptr = [0 if t is None else t.data_ptr() for t in (w.scales, w.mins, bias)]
-        rc = self._linear(FORMATS.index(w.fmt), x.data_ptr(), x.shape[0], w.n, w.k, w.group, w.data.data_ptr(),
-                          *ptr, out.data_ptr(), torch.get_num_threads())
+        rc = self._linear(_LINEAR_FORMATS[w.fmt], x.data_ptr(), x.shape[0], w.n, w.k, w.group, w.data.data_ptr(),
+                          0 if w.scales is None else w.scales.data_ptr(), 0 if w.mins is None else w.mins.data_ptr(),
+                          0 if bias is None else bias.data_ptr(), out.data_ptr(), torch.get_num_threads())
         _check("linear", rc == 0, f"a format and group the kernel serves (code {rc})")
 
     def linear_w8a8_supported(self) -> bool:

@@ -23,6 +23,7 @@ then ``F.linear``) is their test oracle. The int8/int4 formats are those of
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -153,8 +154,10 @@ def _library():
     return loaded_kernels()
 
 
+@functools.cache
 def supported(fmt: str) -> bool:
-    """The kernels built and this CPU runs ``fmt``'s fast path (AVX-512 F/BW)."""
+    """The kernels built and this CPU runs ``fmt``'s fast path (AVX-512 F/BW). Asked once per
+    format and process (the library is built once)."""
     lib = _library()
     return fmt in FORMATS and lib is not None and lib.linear_supported(FORMATS.index(fmt))
 
@@ -191,6 +194,7 @@ def quantize_rows(x: torch.Tensor) -> torch.Tensor:
     return torch.round(x.float() / s).clamp_(-127, 127) * s
 
 
+@functools.cache
 def w8a8_supported() -> bool:
     """The kernels built and this CPU runs :func:`linear_w8a8`'s fast path (AVX512_VNNI)."""
     lib = _library()
