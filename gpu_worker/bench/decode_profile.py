@@ -34,19 +34,20 @@ PARTS = ("schedule", "prepare", "plan", "matmul", "attention", "glue", "forward 
 class Timers:
     """Accumulated seconds per named part; ``wrap`` times a callable under a name while on."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock=time.perf_counter) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
         self.on = False
+        self.clock = clock
 
     def wrap(self, name: str, fn):
         def timed(*args, **kwargs):
             if not self.on:
                 return fn(*args, **kwargs)
-            t0 = time.perf_counter()
+            t0 = self.clock()
             try:
                 return fn(*args, **kwargs)
             finally:
-                self.seconds[name] += time.perf_counter() - t0
+                self.seconds[name] += self.clock() - t0
         return timed
 
     @contextmanager
@@ -88,15 +89,15 @@ def profile(engine: EngineCore, timers: Timers, batch: int, steps: int) -> dict[
     for _ in range(4):
         engine.step()                              # warm-up decodes
     timers.seconds.clear()
-    timed, untimed = 0.0, []
+    timed, untimed, clock = 0.0, [], timers.clock
     for _ in range(steps):                         # alternate timed and untimed steps
         with timers.running():
-            t0 = time.perf_counter()
+            t0 = clock()
             engine.step()
-            timed += time.perf_counter() - t0
-        t0 = time.perf_counter()
+            timed += clock() - t0
+        t0 = clock()
         engine.step()
-        untimed.append(time.perf_counter() - t0)
+        untimed.append(clock() - t0)
     while engine.has_unfinished_requests():
         engine.step()
     return _breakdown(timers.seconds, timed, untimed, steps)
@@ -122,9 +123,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--steps", type=int, default=48, help="timed decode steps per batch size")
     ap.add_argument("--model", default=None)
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
+    ap.add_argument("--cpu-time", action="store_true",
+                    help="time with the thread's CPU clock, not the wall clock: with --threads 1 it leaves out "
+                         "the time other processes take the core (a loaded machine)")
     args = ap.parse_args(argv)
     engine = EngineCore(EngineConfig(model=args.model, num_threads=args.threads))
-    timers = Timers()
+    timers = Timers(time.thread_time if args.cpu_time else time.perf_counter)
     instrument(engine, timers)
     results = {b: profile(engine, timers, b, args.steps) for b in args.batch}
     print(f"{'ms per decode step':<22}" + "".join(f"{f'batch {b}':>10}" for b in args.batch))
