@@ -21,6 +21,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("bench", "spec"): ("gpu_worker.bench.spec", "speculative decoding proposers, side by side"),
     ("bench", "quant"): ("gpu_worker.bench.quant_quality", "INT8/INT4 weight-only quantization vs fp32"),
     ("bench", "peers"): ("gpu_worker.bench.peers", "this engine vs vLLM CPU and llama.cpp on the same CPU (ops/bench/install_peers.sh)"),
+    ("bench", "formats"): ("gpu_worker.bench.formats", "decode tokens/s of fp32, bf16, int8, int4 weights at batch 1, 8, 64"),
     ("bench", "linear"): ("gpu_worker.bench.linear", "CPU matmuls: torch vs oneDNN-packed, per model shape"),
     ("bench", "cpu-attention"): ("gpu_worker.bench.cpu_attention", "CPU attention: C kernels vs gather + SDPA"),
     ("bench", "soak"): ("gpu_worker.bench.soak", "the fleet under kill -9, SIGSTOP and Redis restarts; every token counted"),
