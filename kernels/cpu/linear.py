@@ -178,6 +178,8 @@ def linear(x: torch.Tensor, w: PackedWeight, bias: torch.Tensor | None = None,
            out: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] float32 -> [M, N] float32 (written into ``out`` when given). Where the kernels
     do not run on this CPU (see :func:`supported`) it computes :func:`reference_linear`."""
+    if w.fmt not in FORMATS:
+        raise ValueError(f"linear takes {FORMATS} weights, got {w.fmt} (W8A8: linear_w8a8)")
     _check_call(x, w, bias, out)
     if out is None:
         out = torch.empty(x.shape[0], w.n, dtype=torch.float32)

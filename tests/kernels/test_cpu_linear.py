@@ -100,4 +100,6 @@ def test_w8a8_agrees_with_its_reference_and_stays_near_fp32(n, k, m):
     with pytest.raises(ValueError):
         L.linear_w8a8(x, L.pack_int8(*quantize_int8(w)))
     with pytest.raises(ValueError):
+        L.linear(x, p)
+    with pytest.raises(ValueError):
         L.pack_w8a8(*quantize_int8(torch.randn(8, 40)))      # K % 16 != 0
