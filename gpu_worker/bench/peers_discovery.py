@@ -77,7 +77,9 @@ def vllm_env(found: Found, threads: int) -> dict[str, str]:
     space in GiB, OpenMP threads bound to cores 0..threads-1."""
     preload = found.paths["preload"].read_text().strip()
     return {"LD_PRELOAD": preload, "VLLM_CPU_KVCACHE_SPACE": "4", "VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}",
-            "OMP_NUM_THREADS": str(threads), "VLLM_TARGET_DEVICE": "cpu"}
+            "OMP_NUM_THREADS": str(threads), "VLLM_TARGET_DEVICE": "cpu",
+            # its engine process talks to the front over ZMQ: keep that on loopback
+            "VLLM_HOST_IP": "127.0.0.1", "VLLM_LOOPBACK_IP": "127.0.0.1"}
 
 
 def versions(root: Path | None = None) -> str:

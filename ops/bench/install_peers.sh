@@ -108,12 +108,12 @@ install_llama_py() {
 }
 
 llama_version() {
-  local src="$PREFIX/llama.cpp/src"
-  local number commit
-  number=$(grep -oP 'set\(BUILD_NUMBER \K[0-9]+' "$PREFIX/llama.cpp/build/common/build-info.cpp" 2>/dev/null \
-    || grep -oP 'LLAMA_BUILD_NUMBER = \K[0-9]+' "$PREFIX/llama.cpp/build/common/build-info.cpp" 2>/dev/null || true)
-  commit=$(grep -oP 'LLAMA_COMMIT = "\K[^"]+' "$PREFIX/llama.cpp/build/common/build-info.cpp" 2>/dev/null || true)
-  echo "llama.cpp (vendored in llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION) build=${number:-?} commit=${commit:-?} src=$src"
+  # The sdist carries no git metadata (its build number reads 0): record ggml's and libllama's
+  # versions from the built libraries instead.
+  local bin="$PREFIX/llama.cpp/build/bin" ggml lib
+  ggml=$(ls "$bin"/libggml.so.*.*.* 2>/dev/null | head -n1 | sed 's/.*libggml.so.//')
+  lib=$(ls "$bin"/libllama.so.*.*.* 2>/dev/null | head -n1 | sed 's/.*libllama.so.//')
+  echo "llama.cpp vendored in llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION (ggml $ggml, libllama $lib)"
 }
 
 make_ggufs() {
@@ -122,8 +122,19 @@ make_ggufs() {
   model=$(cd "$REPO" && "$REPO/.venv/bin/python" -c \
     "from gpu_worker.model.default_model import default_model_dir; print(default_model_dir())")
   if [ ! -f "$out/SmolLM2-135M-Instruct-F32.gguf" ]; then
-    "$REPO/.venv/bin/python" -c "import gguf" 2>/dev/null || "$REPO/.venv/bin/pip" install -q "gguf>=0.17"
-    "$REPO/.venv/bin/python" "$src/convert_hf_to_gguf.py" "$model" --outtype f32 \
+    # The engine's cached config.json names no architecture, which the converter needs: a
+    # staging folder links the same files and adds it to a copy of the config.
+    local stage="$PREFIX/hf-staging"
+    rm -rf "$stage" && mkdir -p "$stage"
+    ln -s "$model"/* "$stage"/ && rm "$stage/config.json"
+    "$REPO/.venv/bin/python" -c "import json, sys; c = json.load(open(sys.argv[1])); \
+c.setdefault('architectures', ['LlamaForCausalLM']); json.dump(c, open(sys.argv[2], 'w'), indent=2)" \
+      "$model/config.json" "$stage/config.json"
+    # The converter needs torch, transformers and sentencepiece (its gguf-py comes from $src):
+    # vLLM's venv has them all.
+    local convert_py="$PREFIX/vllm-venv/bin/python"
+    [ -x "$convert_py" ] || { log "run '$0 vllm' first: its venv runs the GGUF converter"; exit 1; }
+    "$convert_py" "$src/convert_hf_to_gguf.py" "$stage" --outtype f32 \
       --outfile "$out/SmolLM2-135M-Instruct-F32.gguf.part" >&2
     mv "$out/SmolLM2-135M-Instruct-F32.gguf.part" "$out/SmolLM2-135M-Instruct-F32.gguf"
   fi
