@@ -21,6 +21,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
 
 import torch
@@ -198,6 +199,32 @@ def _fn(f, *argtypes):
 def _check(op: str, ok: bool, what: str) -> None:
     if not ok:
         raise ValueError(f"{op} needs {what}")
+
+
+_process_lock = threading.Lock()
+_process: list[CpuKernels | None] = []   # this process's kernels, once loaded (see process_kernels)
+
+
+def default_cache_dir() -> Path:
+    """Where the engine builds the kernels: ``<cache root>/cpu-kernels``, the cache root being
+    ``$FLEET_CACHE_DIR``, else ``$XDG_CACHE_HOME/redis-llm-fleet``, else
+    ``~/.cache/redis-llm-fleet`` (the rule of ``gpu_worker.model.default_model.cache_root``,
+    which this package may not import)."""
+    if os.environ.get("FLEET_CACHE_DIR"):
+        return Path(os.environ["FLEET_CACHE_DIR"]) / "cpu-kernels"
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
+    return Path(base) / "redis-llm-fleet" / "cpu-kernels"
+
+
+def process_kernels() -> CpuKernels | None:
+    """The kernels for callers below the engine (``kernels.cpu.linear``): built into
+    :func:`default_cache_dir` and loaded on first call, the same object after; None without
+    a compiler."""
+    if not _process:
+        with _process_lock:
+            if not _process:
+                _process.append(load(default_cache_dir()))
+    return _process[0]
 
 
 def load(cache_dir: Path) -> CpuKernels | None:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from kernels.cpu import process_kernels
 from kernels.quantize import dequantize_int4, dequantize_int8
 
 TILE = 32
@@ -149,9 +150,7 @@ def reference_linear(x: torch.Tensor, w: PackedWeight, bias: torch.Tensor | None
 
 def _library():
     """This process's CPU kernels (built on first use), or None."""
-    from gpu_worker.model.ops.cpu_native import loaded_kernels
-
-    return loaded_kernels()
+    return process_kernels()
 
 
 @functools.cache
