@@ -56,6 +56,7 @@ def quantize_for_serving(model: nn.Module, spec: str, model_dir: Path | None, to
 
 
 def _calibrated_int4(model: nn.Module, spec: str, model_dir: Path | None, tokenizer, cache: bool) -> None:
+    """Calibrated INT4 projections of ``spec`` (no head part): from the cache, else computed and cached."""
     path = cache_path(model, spec, model_dir) if cache else None
     if path is not None and (path / CHECKPOINT_META).exists():
         t0 = time.perf_counter()
@@ -70,9 +71,11 @@ def _calibrated_int4(model: nn.Module, spec: str, model_dir: Path | None, tokeni
 
 
 def cache_path(model: nn.Module, spec: str, model_dir: Path | None) -> Path | None:
-    """Where the calibrated checkpoint of this model, spec and dtype lives (None: no cache)."""
+    """Where the calibrated checkpoint of this model, spec and dtype lives (None: no cache).
+    Only the spec's layer part counts (``int4+head`` is ``int4``'s entry)."""
     if model_dir is None:
         return None
+    spec = parse_method(spec).layers
     # The calibration text is cut to the model's positions (max_model_len): part of the key.
     h = hashlib.sha256(f"{RECIPE}|{spec}|{model.embed.dtype}|{model.cos_table.shape[0]}".encode())
     model_dir = Path(model_dir)
