@@ -44,14 +44,27 @@ def add_engine_arguments(parser: argparse.ArgumentParser):
                    help="early-exit layer for --speculative self (default: a quarter of the layers)")
     g.add_argument("--self-draft-quantization", choices=("int8", "int4"), default=None,
                    help="--speculative self drafts with the target's own weights quantized (GPU)")
-    g.add_argument("--quantization", choices=("int8", "int4", "int4-g64", "int4-g32"), default=None,
-                   help="weight-only quantization at load (int4: group 128)")
+    g.add_argument("--quantization", type=_quantization_spec, default=None, metavar="SPEC",
+                   help="weight-only quantization at load: int8 (per channel), int8-g<G>, int4 "
+                        "(group 128, calibrated), int4-g<G>; +head quantizes the LM head too (int8)")
     g.add_argument("--dtype", choices=DTYPES, default="auto",
                    help="weights and KV cache dtype; auto: the fastest exact one for the "
-                        "device: bfloat16 on CUDA, float32 on the CPU (default: auto)")
+                        "device: bfloat16 on CUDA, float32 on the CPU; bfloat16 on the CPU stores "
+                        "only the matmul weights in bf16 (default: auto)")
     g.add_argument("--ops-backend", choices=OPS_BACKENDS, default=None,
                    help="compute ops: cpu (C kernels), torch, triton (default: $FLEET_OPS, else auto)")
     return g
+
+
+def _quantization_spec(spec: str) -> str:
+    """--quantization's value, checked by the quantizer's own parser."""
+    from gpu_worker.model.quant.quantize import parse_method
+
+    try:
+        parse_method(spec)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return spec
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
