@@ -29,6 +29,7 @@ from torch import nn
 
 from gpu_worker.bench import quant_quality as qq
 from gpu_worker.model.ops.base import Linear
+from gpu_worker.model.ops.cpu_linear import CpuPackedLinear
 from gpu_worker.model.ops.onednn import PackedLinear
 from gpu_worker.model.quant import gptq
 from gpu_worker.model.quant.calibration import LayerInputs, calibration_sequences, layer_inputs, prefill_hidden
@@ -75,7 +76,10 @@ def fake_quantize(w: torch.Tensor, part: str, inputs: LayerInputs | None) -> tup
 
 
 def _dense(weight: torch.Tensor, bias: torch.Tensor | None, like: nn.Module | None) -> nn.Module:
-    """An fp32 projection holding ``weight``, of the kind ``like`` is (oneDNN-packed or not)."""
+    """An fp32 projection holding ``weight``, of the kind ``like`` is (packed f32 tiles,
+    oneDNN-packed or plain)."""
+    if isinstance(like, CpuPackedLinear):
+        return CpuPackedLinear.dense(weight, like.fmt, bias)
     if isinstance(like, PackedLinear):
         return PackedLinear(weight, bias)
     lin = Linear(weight.shape[0], weight.shape[1], bias is not None)

@@ -12,7 +12,6 @@ from gpu_worker.model.ops import cpu_linear
 from gpu_worker.model.ops.cpu_linear import CpuPackedLinear
 from gpu_worker.model.quant.checkpoint import load_quantized, save_quantized
 from gpu_worker.model.quant.cpu_pack import pack_quantized
-from gpu_worker.model.ops.onednn import PackedLinear
 from gpu_worker.model.quant.quantize import Int8Linear, quantize_model, weight_bytes
 from gpu_worker.testing import make_tiny_model
 from kernels.cpu import linear as packed_linear
@@ -67,11 +66,9 @@ def test_packed_model_generates_as_the_reference_path(tiny_dir, options, monkeyp
     fmt = options.get("quantization", "bf16")[:4]
     projections = [m for layer in model.layers for m in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)]
     assert all(isinstance(m, CpuPackedLinear) and m.fmt == fmt for m in projections)
-    head_fmt = "bf16" if "dtype" in options else "int8" if options["quantization"].endswith("+head") else None
-    if head_fmt:
-        assert isinstance(model.packed_head, CpuPackedLinear) and model.packed_head.fmt == head_fmt
-    else:                              # a quantized model's float head: oneDNN's packed copy
-        assert isinstance(model.packed_head, PackedLinear)
+    # a quantized model's float head: the f32 kernels' packed copy
+    head_fmt = "bf16" if "dtype" in options else "int8" if options["quantization"].endswith("+head") else "f32"
+    assert isinstance(model.packed_head, CpuPackedLinear) and model.packed_head.fmt == head_fmt
     packed = _greedy(llm)
     monkeypatch.setattr(packed_linear, "linear", lambda x, w, bias=None: packed_linear.reference_linear(x, w, bias))
     assert _greedy(llm) == packed

@@ -35,11 +35,19 @@ def test_bfloat16_packs_too():
     torch.testing.assert_close(onednn.PackedLinear(w)(x).float(), F.linear(x, w).float(), rtol=2e-2, atol=2e-2)
 
 
-def test_engine_model_is_packed_and_the_switch_turns_it_off(tiny_llama_dir):
-    packed = LLM(tiny_llama_dir, kv_cache_memory=8 << 20).engine.model
+@pytest.mark.parametrize("backend", ["torch", "cpu"])
+def test_engine_model_is_packed_and_the_switch_turns_it_off(tiny_llama_dir, backend):
+    """oneDNN packs the torch backend's model; the cpu backend's goes to the packed f32
+    kernels where they run (``model/build.py``), else to oneDNN too."""
+    from gpu_worker.model.ops.cpu_linear import CpuPackedLinear
+    from kernels.cpu import linear as packed_linear
+
+    packed = LLM(tiny_llama_dir, kv_cache_memory=8 << 20, ops_backend=backend).engine.model
     assert all(not isinstance(m, Linear) for m in packed.modules())
-    assert isinstance(packed.layers[0].qkv, onednn.PackedLinear) and packed.packed_head is not None
-    plain = LLM(tiny_llama_dir, kv_cache_memory=8 << 20, onednn=False).engine.model
+    own = backend == "cpu" and packed_linear.supported("f32")
+    assert isinstance(packed.layers[0].qkv, CpuPackedLinear if own else onednn.PackedLinear)
+    assert packed.packed_head is not None
+    plain = LLM(tiny_llama_dir, kv_cache_memory=8 << 20, onednn=False, ops_backend=backend).engine.model
     assert type(plain.layers[0].qkv) is Linear and plain.packed_head is None
     h = torch.randn(7, plain.cfg.hidden_size)
     torch.testing.assert_close(packed.compute_logits(h), plain.compute_logits(h), rtol=1e-5, atol=1e-4)
@@ -58,6 +66,7 @@ def test_packed_model_copies_and_quantizes(tiny_llama_dir):
     clone = copy.deepcopy(model)
     quantize_model(clone, "int8")
     assert isinstance(clone.layers[0].qkv, Int8Linear)
-    assert isinstance(clone.packed_head, onednn.PackedLinear)      # the head stays float
-    assert isinstance(model.layers[0].qkv, onednn.PackedLinear)     # the original is untouched
+    packed_type = type(model.layers[0].qkv)                        # oneDNN's or the f32 kernels'
+    assert isinstance(clone.packed_head, packed_type)               # the head stays float
+    assert isinstance(model.layers[0].qkv, packed_type)             # the original is untouched
     assert llm.generate([[5, 6, 7, 8]], params)[0].token_ids == before

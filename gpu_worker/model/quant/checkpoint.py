@@ -22,7 +22,8 @@ def save_quantized(model: nn.Module, spec: str, directory: str | Path) -> Path:
     JSON header naming ``spec``'s layers. ValueError for a CPU-packed model."""
     from safetensors.torch import save_file
 
-    if any(isinstance(m, CpuPackedLinear) for m in model.modules()):
+    head = getattr(model, "packed_head", None)   # never stored, whatever its format
+    if any(isinstance(m, CpuPackedLinear) and m is not head for m in model.modules()):
         raise ValueError("save_quantized needs the canonical quantized modules: save before packing for the CPU")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
