@@ -16,9 +16,10 @@ import gc
 import json
 import logging
 import os
-import platform
 import time
 from pathlib import Path
+
+from gpu_worker.bench.peers import cpu_info
 
 logger = logging.getLogger(__name__)
 
@@ -84,16 +85,6 @@ def run_round(fmt: str, args, batches: list[int]) -> dict:
     return row
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     formats = [f.strip() for f in args.formats.split(",") if f.strip()]
@@ -114,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
         row["identical_to_fp32"] = same
         print(f"{fmt:<14}" + "".join(f"{row['tok_s'][b]:>12.1f}" for b in batches) + f"   {same}")
     if args.json:
-        result = {"cpu": _cpu_model(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        result = {**cpu_info(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                   "load_before": load_before, "load_after": os.getloadavg(), "threads": os.cpu_count(),
                   "prompt_tokens": args.prompt_tokens, "decode_tokens": args.decode_tokens, "rounds": args.rounds,
                   "formats": {f: {k: v for k, v in r.items() if k != "tokens"} for f, r in best.items()}}
