@@ -36,7 +36,8 @@ class GrammarCompiler:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar")
         self._cache: OrderedDict[StructuredSpec, Future] = OrderedDict()
         self._lock = threading.Lock()
-        self._compiler = None   # built on the pool's thread
+        self._compiler = None   # built on the pool's thread, at the first compilation
+        self.ready_at: float | None = None   # when it was built: time limits count from then
         self.num_compiled = 0
 
     def submit(self, spec: StructuredSpec) -> PendingGrammar:
@@ -50,15 +51,13 @@ class GrammarCompiler:
                     self._cache.popitem(last=False)
             else:
                 self._cache.move_to_end(spec)
-        return PendingGrammar(future, time.monotonic() + self.timeout_s, self.timeout_s)
+        return PendingGrammar(future, self, time.monotonic())
 
     def compile_now(self, spec: StructuredSpec) -> GrammarState:
         """Compile and wait (tests, benchmarks); raises ``invalid_grammar``."""
         pending = self.submit(spec)
-        wait([pending.future], timeout=self.timeout_s)
-        state = pending.poll()
-        if state is None:   # poll() raises past the deadline; this is the last instant before it
-            raise InvalidRequestError(INVALID_GRAMMAR, f"the grammar took longer than {self.timeout_s:g} s to compile")
+        while (state := pending.poll()) is None:   # poll() raises past the deadline
+            wait([pending.future], timeout=0.05)
         return state
 
     def _compile(self, spec: StructuredSpec):
@@ -68,6 +67,7 @@ class GrammarCompiler:
             info = xgr.TokenizerInfo.from_huggingface(self._hf, vocab_size=self.vocab_size,
                                                       stop_token_ids=self._stop)
             self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+            self.ready_at = time.monotonic()
         c, t0 = self._compiler, time.perf_counter()
         if spec.kind == "json_object":
             out = c.compile_json_schema(_OBJECT_SCHEMA, any_whitespace=False)
@@ -86,10 +86,19 @@ class GrammarCompiler:
 
 
 class PendingGrammar:
-    """A compilation a request waits for."""
+    """A compilation a request waits for. Its time limit runs from the request's submission,
+    or from when the compiler was built if that came later: the one-time tokenizer table
+    (seconds for a 49k vocabulary on a loaded machine) is not a grammar's fault."""
 
-    def __init__(self, future: Future, deadline: float, timeout_s: float) -> None:
-        self.future, self.deadline, self.timeout_s = future, deadline, timeout_s
+    def __init__(self, future: Future, owner: GrammarCompiler, submitted: float) -> None:
+        self.future, self.owner, self.submitted = future, owner, submitted
+        self.timeout_s = owner.timeout_s
+
+    @property
+    def deadline(self) -> float:
+        """When this compilation fails for time (infinity until the compiler exists)."""
+        ready = self.owner.ready_at
+        return float("inf") if ready is None else max(self.submitted, ready) + self.timeout_s
 
     def poll(self) -> GrammarState | None:
         """A fresh matcher once compiled, None while compiling; raises ``invalid_grammar``

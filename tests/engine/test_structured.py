@@ -3,6 +3,7 @@ output valid): masks in the batched sampler, every kind, drafts checked and roll
 preemption, a resumed request re-fed, and a grammar that does not compile failing alone."""
 import json
 import re
+import time
 
 import pytest
 import torch
@@ -202,13 +203,32 @@ def test_compilation_is_cached_per_kind_and_spec(grammars):
     assert grammars.num_compiled == n + 1
 
 
-def test_a_slow_compilation_fails_its_request_at_the_time_limit(tiny_llama_dir):
+def test_a_slow_compilation_fails_its_request_at_the_time_limit(tiny_llama_dir, monkeypatch):
+    from gpu_worker.structured.compiler import GrammarCompiler
+
     llm = LLM(tiny_llama_dir, kv_cache_memory=64 << 20)
-    llm.engine.grammars.timeout_s = 0.0
+    llm.engine.grammars.compile_now(StructuredSpec("regex", "[0-9]"))    # the compiler itself is built
+    compile_ = GrammarCompiler._compile
+    monkeypatch.setattr(GrammarCompiler, "_compile", lambda self, spec: time.sleep(1.0) or compile_(self, spec))
+    llm.engine.grammars.timeout_s = 0.2
     outs = llm.generate([PROMPTS[0], PROMPTS[1]], [_params(StructuredSpec("regex", "[a-z]{40}")),
                                                    SamplingParams(temperature=0, max_tokens=3)])
     assert outs[0].error_code == "invalid_grammar" and "longer than" in outs[0].error_message
     assert outs[1].finish_reason == "length"
+
+
+def test_building_the_compiler_does_not_count_against_the_time_limit(tiny_llama_dir, monkeypatch):
+    """The tokenizer table xgrammar builds once (seconds for a 49k vocabulary on a loaded
+    machine) is not charged to the first request's grammar."""
+    import xgrammar as xgr
+
+    build = xgr.TokenizerInfo.from_huggingface
+    monkeypatch.setattr(xgr.TokenizerInfo, "from_huggingface",
+                        staticmethod(lambda *a, **k: time.sleep(1.0) or build(*a, **k)))
+    llm = LLM(tiny_llama_dir, kv_cache_memory=64 << 20)
+    llm.engine.grammars.timeout_s = 0.5
+    out = llm.generate([PROMPTS[0]], _params(StructuredSpec("regex", "[0-9]{4}")))[0]
+    assert out.error_code is None and re.fullmatch("[0-9]{4}", out.text), (out.error_message, out.text)
 
 
 def test_every_wire_form_maps_to_its_spec():
