@@ -1,6 +1,6 @@
 """Where a small-batch decode step's time goes, part by part (ms per step).
 
-    python -m gpu_worker.bench.decode_profile --batch 1 4
+    python -m gpu_worker.bench.decode_profile --batch 1 4 [--per-op] [--quantization int8]
 
 Runs the real engine (embedded SmolLM2 by default, greedy, fp32, OMP threads spinning as in
 production) on ``batch`` requests of 32-token prompts, prefills them, then times decode
@@ -10,7 +10,9 @@ attention, glue (RMSNorm, RoPE, SiLU-and-mul) and the rest (embedding, views, Py
 head, sampling and the update (detokenization shown apart). Each timer costs about a
 microsecond per call (~130 per step), so the parts sum to a little more than an untimed step;
 the untimed step time (mean and median) is measured too, on the same engine, alternating
-with timed steps.
+with timed steps. Decode steps run the fused C layers (``model/ops/cpu_fused.py``) when the
+model has them, which leaves the parts inside the forward pass untimed ("forward other");
+``--per-op`` turns them off, so that the breakdown shows the per-op path.
 """
 from __future__ import annotations
 
@@ -126,8 +128,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--cpu-time", action="store_true",
                     help="time with the thread's CPU clock, not the wall clock: with --threads 1 it leaves out "
                          "the time other processes take the core (a loaded machine)")
+    ap.add_argument("--per-op", action="store_true", help="turn the fused decode layers off (the per-op path)")
+    ap.add_argument("--quantization", default=None, help="a --quantization spec (default: none, fp32)")
     args = ap.parse_args(argv)
-    engine = EngineCore(EngineConfig(model=args.model, num_threads=args.threads))
+    engine = EngineCore(EngineConfig(model=args.model, num_threads=args.threads, quantization=args.quantization))
+    if args.per_op:
+        engine.model.fused_decode = None
     timers = Timers(time.thread_time if args.cpu_time else time.perf_counter)
     instrument(engine, timers)
     results = {b: profile(engine, timers, b, args.steps) for b in args.batch}

@@ -63,6 +63,7 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = (self.embed if cfg.tie_word_embeddings
                         else nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size), requires_grad=False))
         self.packed_head: nn.Module | None = None   # lm_head prepacked for oneDNN (model/ops/onednn.py)
+        self.fused_decode = None   # all-decode steps in one C call, when installed (model/ops/cpu_fused.py)
         n_pos = min(max_positions or cfg.max_position_embeddings, cfg.max_position_embeddings)
         freqs = torch.arange(n_pos, dtype=torch.float32)[:, None] * cfg.inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
@@ -84,6 +85,8 @@ class LlamaForCausalLM(nn.Module):
     @torch.inference_mode()
     def forward_layers(self, x, residual, positions, kv_caches, plan, start: int, end: int):
         """Layers [start, end) only (a pipeline stage); kv_caches[i] belongs to layer start+i."""
+        if self.fused_decode is not None and self.fused_decode.takes(x, plan):
+            return self.fused_decode(self, x, residual, positions, kv_caches[:end - start], plan, start)
         rope_ctx = self.ops.prepare_rope(positions, self.cos_table, self.sin_table)
         for layer, kv in zip(self.layers[start:end], kv_caches):
             x, residual = layer(self.ops, x, residual, rope_ctx, kv, plan)

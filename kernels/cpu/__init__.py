@@ -28,7 +28,7 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-SOURCES = ("paged_decode.c", "paged_prefill.c", "glue.c", "linear.c", "linear_w8a8.c")
+SOURCES = ("paged_decode.c", "paged_prefill.c", "glue.c", "linear.c", "linear_w8a8.c", "decode_layers.c")
 HEADERS = ("simd.h", "paged.h", "linear.h")
 # -ffp-contract=off: no fused multiply-adds beyond the ones the kernels ask for, so the glue
 # rounds as torch does (glue.c).

@@ -59,8 +59,10 @@ def _greedy(llm: LLM) -> list[list[int]]:
 
 @pytest.mark.parametrize("options", [{"quantization": "int8"}, {"quantization": "int8-g64"},
                                      {"quantization": "int4-g64"}, {"quantization": "int8+head"},
-                                     {"dtype": "bfloat16"}])
+                                     {"quantization": "w8a8"}, {"dtype": "bfloat16"}])
 def test_packed_model_generates_as_the_reference_path(tiny_dir, options, monkeypatch):
+    if options.get("quantization") == "w8a8" and not packed_linear.w8a8_supported():
+        pytest.skip("no AVX512_VNNI: w8a8 serves the int8 weight-only kernel")
     llm = LLM(tiny_dir, kv_cache_memory=8 << 20, quant_cache=False, **options)
     model = llm.engine.model
     fmt = options.get("quantization", "bf16")[:4]
@@ -70,7 +72,10 @@ def test_packed_model_generates_as_the_reference_path(tiny_dir, options, monkeyp
     head_fmt = "bf16" if "dtype" in options else "int8" if options["quantization"].endswith("+head") else "f32"
     assert isinstance(model.packed_head, CpuPackedLinear) and model.packed_head.fmt == head_fmt
     packed = _greedy(llm)
+    assert model.fused_decode is not None      # decode steps in one C call (ops/cpu_fused.py) ...
+    monkeypatch.setattr(model, "fused_decode", None)   # ... the reference runs every step op by op
     monkeypatch.setattr(packed_linear, "linear", lambda x, w, bias=None: packed_linear.reference_linear(x, w, bias))
+    monkeypatch.setattr(packed_linear, "linear_w8a8", lambda x, w, bias=None: packed_linear.reference_w8a8(x, w, bias))
     assert _greedy(llm) == packed
     if "dtype" in options:             # only the matmul weights are bf16
         assert model.norm.dtype == model.embed.dtype == torch.float32

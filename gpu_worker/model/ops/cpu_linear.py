@@ -1,7 +1,7 @@
 """Projections served by the packed-weight CPU kernels (``kernels/cpu/linear.c``).
 
-A :class:`CpuPackedLinear` holds one ``kernels.cpu.linear.PackedWeight`` (f32, bf16, int8 or
-int4 tiles, packed once at load) and computes ``y = (x / input_scale) W^T (+ b)`` in float32:
+A :class:`CpuPackedLinear` holds one ``kernels.cpu.linear.PackedWeight`` (f32, bf16, int8,
+int4 or W8A8 tiles, packed once at load) and computes ``y = (x / input_scale) W^T (+ b)`` in float32:
 the kernels read the small weights directly and dequantize in registers, so int8 streams a
 quarter of fp32's bytes and bf16 half. Activations, bias and input scale stay float32.
 
@@ -39,14 +39,15 @@ def kernel_runs(fmt: str, instead: str) -> bool:
     """Whether the packed ``fmt`` kernel runs on this CPU; when it does not, log once (per
     format) which instructions it needs, which of them this CPU has, and ``instead``: what
     the engine uses in its place."""
-    if packed_linear.supported(fmt):
+    if packed_linear.w8a8_supported() if fmt == "w8a8" else packed_linear.supported(fmt):
         return True
     if fmt not in _reported:
         _reported.add(fmt)
         flags = cpu_flags()
-        have = [f for f in ("avx512f", "avx512bw", "avx512_bf16") if f in flags]
-        logger.warning("packed %s weights: the kernel does not run here (it needs the C kernels built and AVX-512 "
-                       "F/BW; this CPU has %s); %s", fmt, ", ".join(have) or "none of them", instead)
+        have = [f for f in ("avx512f", "avx512bw", "avx512_bf16", "avx512_vnni") if f in flags]
+        need = "AVX512_VNNI" if fmt == "w8a8" else "AVX-512 F/BW"
+        logger.warning("packed %s weights: the kernel does not run here (it needs the C kernels built and %s; "
+                       "this CPU has %s); %s", fmt, need, ", ".join(have) or "none of them", instead)
     return False
 
 
@@ -92,6 +93,8 @@ class CpuPackedLinear(nn.Module):
         x = x.float().contiguous()
         if x.shape[0] == 0:
             return x.new_empty(0, self.out_features)
+        if self.packed.fmt == "w8a8":   # x quantized per row to int8 (--quantization w8a8)
+            return packed_linear.linear_w8a8(x, self.packed, self.bias)
         return packed_linear.linear(x, self.packed, self.bias)
 
     def __deepcopy__(self, memo: dict) -> CpuPackedLinear:

@@ -52,7 +52,9 @@ def quantize_for_serving(model: nn.Module, spec: str, model_dir: Path | None, to
     if pack is None:
         pack = getattr(getattr(model, "ops", None), "name", None) == "cpu"
     if pack:
-        pack_quantized(model)
+        pack_quantized(model, int8_activations=parsed.activations == "int8")
+    elif parsed.activations == "int8":
+        logger.warning("%s: int8 activations are a CPU kernel (the cpu ops backend); serving int8 weights only", spec)
 
 
 def _calibrated_int4(model: nn.Module, spec: str, model_dir: Path | None, tokenizer, cache: bool) -> None:

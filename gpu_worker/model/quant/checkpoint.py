@@ -45,7 +45,7 @@ def load_quantized(model: nn.Module, directory: str | Path, *, use_triton: bool 
     if not meta_path.exists():
         raise ValueError(f"no pre-quantized checkpoint in {directory}")
     spec = json.loads(meta_path.read_text())["quantization"]
-    method, group, _, _ = parse_method(spec)
+    method, group = parse_method(spec)[:2]
     use_triton = uses_triton(model, use_triton)
     state = load_file(str(directory / CHECKPOINT_FILE))
     scaled = any(k.endswith(".input_scale") for k in state)

@@ -24,26 +24,33 @@ logger = logging.getLogger(__name__)
 FALLBACK = "keeping dequantize-then-matmul for those layers"
 
 
-def packed_module(q: Int8Linear | Int4Linear) -> CpuPackedLinear:
-    """The packed twin of one canonical quantized module (same codes, scales, bias and input scale)."""
+def packed_module(q: Int8Linear | Int4Linear, w8a8: bool = False) -> CpuPackedLinear:
+    """The packed twin of one canonical quantized module (same codes, scales, bias and input
+    scale); with ``w8a8``, a per-channel INT8 module whose K is a multiple of 16 is packed
+    for the W8A8 kernel (activations quantized per row on the fly)."""
     if isinstance(q, Int8Linear):
+        if w8a8 and q.group_size is None and q.qweight.shape[1] % 16 == 0:
+            return CpuPackedLinear(packed_linear.pack_w8a8(q.qweight, q.scale), q.bias)
         return CpuPackedLinear(packed_linear.pack_int8(q.qweight, q.scale), q.bias)
     weight = packed_linear.pack_int4(q.packed, q.scales, q.mins, q.group_size)
     return CpuPackedLinear(weight, q.bias, q.input_scale)
 
 
-def pack_quantized(model: nn.Module) -> int:
+def pack_quantized(model: nn.Module, int8_activations: bool = False) -> int:
     """Swap model's quantized modules for packed ones, in place, where this CPU runs their
-    kernel; returns how many were swapped."""
+    kernel; with ``int8_activations`` (``--quantization w8a8``), per-channel INT8 ones go to
+    the W8A8 kernel where it runs (AVX512_VNNI), else to the weight-only INT8 one. Returns
+    how many were swapped."""
     targets = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
                if isinstance(child, (Int8Linear, Int4Linear))]
     runs = {fmt: kernel_runs(fmt, FALLBACK) for fmt in {_fmt(c) for _, _, c in targets}}
+    w8a8 = int8_activations and kernel_runs("w8a8", "using the int8 weight-only kernel (float activations)")
     swapped, refused = 0, set()
     for parent, name, child in targets:
         if not runs[_fmt(child)]:
             continue
         try:
-            setattr(parent, name, packed_module(child))
+            setattr(parent, name, packed_module(child, w8a8))
             swapped += 1
         except ValueError as e:   # a shape the tiles do not take (INT4 with one group per row)
             refused.add(str(e))

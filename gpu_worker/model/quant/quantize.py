@@ -45,7 +45,8 @@ logger = logging.getLogger(__name__)
 METHODS = ("int8", "int4")
 _PART_RE = re.compile(r"^(int8|int4)(?:-g(\d+))?$")
 SPEC_HELP = ("use int8, int8-g<group>, int4 or int4-g<group> (group: a power of two >= 16), optionally followed by "
-             "+head (the LM head in int8 per channel too) or +head-<one of those>")
+             "+head (the LM head in int8 per channel too) or +head-<one of those>; or w8a8 (int8 per channel with "
+             "int8 activations on the CPU), optionally +head")
 
 
 class QuantSpec(NamedTuple):
@@ -54,6 +55,7 @@ class QuantSpec(NamedTuple):
     group_size: int | None                      # input features per scale; None: INT8 per output channel
     head: tuple[str, int | None] | None = None  # the LM head's (method, group_size); None: it stays float
     layers: str = ""                            # the spec without "+head...": what a checkpoint holds
+    activations: str = "float"                  # "int8": W8A8 on the CPU (``w8a8``; the weights are ``int8``'s)
 
 
 def _parse_part(part: str, spec: str) -> tuple[str, int | None]:
@@ -70,8 +72,13 @@ def _parse_part(part: str, spec: str) -> tuple[str, int | None]:
 
 def parse_method(spec: str) -> QuantSpec:
     """'int8' -> ('int8', None, None, 'int8'); 'int4-g64+head' -> ('int4', 64, ('int8', None), 'int4-g64');
-    'int4' has group 128; ValueError (saying what is accepted) for anything else."""
+    'int4' has group 128; 'w8a8' -> int8's weights with activations 'int8'; ValueError (saying what is
+    accepted) for anything else."""
     layers, plus, head = (spec or "").partition("+")
+    if layers == "w8a8":   # int8 per-channel codes (int8's checkpoint) whose matmuls quantize x per row
+        if plus and head != "head":
+            raise ValueError(f"unknown quantization {spec!r}; {SPEC_HELP}")
+        return QuantSpec("int8", None, ("int8", None) if plus else None, "int8", "int8")
     method, group = _parse_part(layers, spec)
     if not plus:
         return QuantSpec(method, group, None, layers)
@@ -218,7 +225,7 @@ def quantize_model(model: nn.Module, spec: str, *, use_triton: bool | None = Non
     defaults to the model's ops backend being ``triton``. For INT4, ``calibration`` (token
     sequences, e.g. ``calibration.calibration_sequences``) turns on activation-aware input
     scales and GPTQ."""
-    method, group, head, _ = parse_method(spec)
+    method, group, head = parse_method(spec)[:3]
     use_triton = uses_triton(model, use_triton)
     groups: set[int | None] = set()
     stats: dict[nn.Module, LayerInputs] = {}
