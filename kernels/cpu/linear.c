@@ -9,8 +9,9 @@
  * decoded once. With more rows, a quantized or bf16 tile is first decoded into a per-thread
  * float32 buffer of the fp32 layout ([K][32], in L2), which every row block then reads.
  *
- * Numerics: int8 weights are q * scale, int4 q * scale + min in one fused multiply-add,
- * bf16 exact; sums in float32 in k order. Results differ from dequantize-then-F.linear by
+ * Numerics: int8 weights are q * scale (per-channel int8 at most RB rows: the codes' sum
+ * over k, times the scale once), int4 q * scale + min in one fused multiply-add, bf16 exact;
+ * sums in float32 in k order. Results differ from dequantize-then-F.linear by
  * float32 rounding only.
  */
 #include <stdint.h>
@@ -18,7 +19,8 @@
 
 #include "linear.h"
 
-enum { FMT_F32 = 0, FMT_BF16 = 1, FMT_INT8 = 2, FMT_INT4 = 3, FMT_COUNT = 4 };
+enum { FMT_F32 = 0, FMT_BF16 = 1, FMT_INT8 = 2, FMT_INT4 = 3, FMT_COUNT = 4,
+       FMT_CODES8 = 8 /* inside accumulate only: per-channel int8 codes, their scale applied after the K sum */ };
 
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 
@@ -53,6 +55,11 @@ AI void int4_quad(const uint8_t *p, const __m512 s[2], const __m512 m[2], __m512
     }
 }
 
+AI void codes8_pair(const int8_t *p, __m512 w[2]) {
+    for (int h = 0; h < 2; h++)
+        w[h] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 16 * h))));
+}
+
 AI void load_pair(const float *p, __m512 v[2]) {
     v[0] = _mm512_loadu_ps(p);
     v[1] = _mm512_loadu_ps(p + 16);
@@ -72,6 +79,7 @@ AI void decode(const int fmt, const tile_t *t, int64_t k, const __m512 s[2], con
     if (fmt == FMT_F32) load_pair((const float *)t->data + k * TILE, w);
     else if (fmt == FMT_BF16) bf16_pair((const uint16_t *)t->data + k * TILE, w);
     else if (fmt == FMT_INT8) int8_pair((const int8_t *)t->data + k * TILE, s, w);
+    else if (fmt == FMT_CODES8) codes8_pair((const int8_t *)t->data + k * TILE, w);
     else int4_quad((const uint8_t *)t->data + k / 2 * TILE, s, m, w);
 }
 
@@ -139,7 +147,12 @@ AI void accumulate(const int fmt, const int R, __m512 acc[RB][2], const float *x
         return;
     }
     const int64_t K = t->k, G = fmt >= FMT_INT8 ? t->group : t->k;
+    const int channel = fmt == FMT_INT8 && G == K;   /* per-channel int8: the scale factors out of the sum */
     for (int64_t g = 0, k0 = 0; k0 < K; g++, k0 += G) {
+        if (channel) {
+            span(FMT_CODES8, R, S, acc, x, ldx, t, 0, K, s, m);
+            break;
+        }
         if (fmt >= FMT_INT8) load_pair(t->scales + g * TILE, s);
         if (fmt == FMT_INT4) load_pair(t->mins + g * TILE, m);
         span(fmt, R, S, acc, x, ldx, t, k0, k0 + G, s, m);
@@ -147,6 +160,11 @@ AI void accumulate(const int fmt, const int R, __m512 acc[RB][2], const float *x
     for (int j = 1; j < S; j++)
         for (int r = 0; r < R; r++)
             for (int h = 0; h < 2; h++) acc[r][h] = _mm512_add_ps(acc[r][h], acc[j * R + r][h]);
+    if (channel) {
+        load_pair(t->scales, s);
+        for (int r = 0; r < R; r++)
+            for (int h = 0; h < 2; h++) acc[r][h] = _mm512_mul_ps(acc[r][h], s[h]);
+    }
 }
 
 typedef void (*block_fn)(const float *x, int64_t ldx, const tile_t *t, const float *bias, float *out,
