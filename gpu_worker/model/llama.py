@@ -86,7 +86,9 @@ class LlamaForCausalLM(nn.Module):
     def forward_layers(self, x, residual, positions, kv_caches, plan, start: int, end: int):
         """Layers [start, end) only (a pipeline stage); kv_caches[i] belongs to layer start+i."""
         if self.fused_decode is not None and self.fused_decode.takes(x, plan):
-            return self.fused_decode(self, x, residual, positions, kv_caches[:end - start], plan, start)
+            out = self.fused_decode(self, x, residual, positions, kv_caches[:end - start], plan, start)
+            if out is not None:
+                return out
         rope_ctx = self.ops.prepare_rope(positions, self.cos_table, self.sin_table)
         for layer, kv in zip(self.layers[start:end], kv_caches):
             x, residual = layer(self.ops, x, residual, rope_ctx, kv, plan)

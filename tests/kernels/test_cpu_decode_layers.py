@@ -141,3 +141,19 @@ def test_refuses_weights_and_steps_it_does_not_take():
         layers.run(x, residual, True, caches, 0, positions, *args[:2], plan.meta.slot_mapping + 10_000, *args[3:])
     with pytest.raises(ValueError, match="float32"):
         layers.run(x.double(), residual, True, caches, 0, positions, *args)
+
+
+def test_a_step_the_c_call_refuses_is_handed_back_unwritten(caplog):
+    """The checks run before the C call: a refused step returns None (forward_layers then runs
+    it op by op), says so once in the log, and has written no cache."""
+    model = _model("f32")
+    assert install(model)
+    g = torch.Generator().manual_seed(5)
+    plan, positions, blocks = _step([7, 20])
+    caches = _caches(model, blocks, g)
+    before = [(k.clone(), v.clone()) for k, v in caches]
+    x = torch.randn(2, 64, generator=g)
+    odd = caches[:1] + [(caches[1][0].double(), caches[1][1])] + caches[2:]   # one cache in float64
+    assert model.fused_decode(model, x, None, positions, odd, plan, 0) is None
+    assert "op by op" in caplog.text
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(caches, before))

@@ -41,6 +41,7 @@ class FusedDecode:
 
     def __init__(self, layers: DecodeLayers) -> None:
         self.layers = layers
+        self._refused = False
 
     def __deepcopy__(self, memo: dict) -> None:
         return None   # a copied model may change its projections: it keeps the per-op path
@@ -52,14 +53,21 @@ class FusedDecode:
                 and x.shape[0] == plan.meta.num_decodes and x.dtype == torch.float32)
 
     def __call__(self, model, x, residual, positions, kv_caches, plan: CpuAttentionPlan, start: int):
+        """(x, residual) after the layers, or None when the step's tensors are not what the C
+        call takes (the caller then runs it op by op)."""
         first = residual is None
         x = x.clone(memory_format=torch.contiguous_format)   # the caller's x is not written
         if first:
             residual = torch.empty_like(x)
-        layer = model.layers[start]
-        self.layers.run(x, residual, first, kv_caches, start, positions, model.cos_table, model.sin_table,
-                        plan.meta.slot_mapping, plan.decode_tables, plan.decode_lens, plan.meta.block_size,
-                        layer.scale)
+        try:   # every check runs before the C call: a refused step has written nothing
+            self.layers.run(x, residual, first, kv_caches, start, positions, model.cos_table, model.sin_table,
+                            plan.meta.slot_mapping, plan.decode_tables, plan.decode_lens, plan.meta.block_size,
+                            model.layers[start].scale)
+        except ValueError as e:
+            if not self._refused:
+                self._refused = True
+                logger.warning("fused decode layers refused a step (%s); such steps run op by op", e)
+            return None
         return x, residual
 
 
