@@ -35,6 +35,12 @@ class DecoderLayer(nn.Module):
         self.gate_up = Linear(2 * cfg.intermediate_size, h)
         self.down = Linear(h, cfg.intermediate_size)
 
+    def __setattr__(self, name: str, value) -> None:
+        super().__setattr__(name, value)
+        # Counts swapped projections and norms: a fused decode path (ops/cpu_fused.py) packed
+        # from the old ones notices on its next step.
+        self.__dict__["revision"] = self.__dict__.get("revision", 0) + 1
+
     def forward(
         self,
         ops: ModelOps,

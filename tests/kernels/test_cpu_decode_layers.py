@@ -157,3 +157,23 @@ def test_a_step_the_c_call_refuses_is_handed_back_unwritten(caplog):
     assert model.fused_decode(model, x, None, positions, odd, plan, 0) is None
     assert "op by op" in caplog.text
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(caches, before))
+
+
+def test_a_projection_swapped_after_install_is_noticed():
+    """A benchmark that quantizes a loaded model swaps its modules: the next step rebuilds the
+    fused layers from the new ones (and computes with them), or drops them if they do not fit."""
+    model = _model("f32")
+    assert install(model)
+    g = torch.Generator().manual_seed(6)
+    plan, positions, blocks = _step([9, 14])
+    caches = _caches(model, blocks, g)
+    x = torch.randn(2, 64, generator=g)
+    lin = model.layers[1].gate_up
+    model.layers[1].gate_up = _packed(lin.weight * 0.5, "int8", None, False, g)
+    old = model.fused_decode
+    (got_x, got_r), (want_x, want_r), _, _ = _both(model, x, None, positions, plan, caches, 0, 3)
+    assert model.fused_decode is not old and model.fused_decode.current(model)
+    assert torch.equal(got_x, want_x) and torch.equal(got_r, want_r)
+    model.layers[0].o_proj = torch.nn.Linear(64, 64, bias=False)        # not packed: no fused path
+    model.fused_decode(model, x, None, positions, caches, plan, 0)
+    assert model.fused_decode is None

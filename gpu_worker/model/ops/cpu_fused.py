@@ -28,6 +28,11 @@ def _projection(m) -> Projection | None:
     return Projection(m.packed, m.bias, m.input_scale)
 
 
+def _parts(model) -> tuple:
+    """The layers' revisions (``DecoderLayer.__setattr__`` counts every swap)."""
+    return tuple(layer.__dict__.get("revision", 0) for layer in model.layers)
+
+
 def _layer_weights(layer) -> LayerWeights | None:
     parts = [_projection(m) for m in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)]
     if any(p is None for p in parts) or layer.input_norm.dtype != torch.float32:
@@ -36,11 +41,12 @@ def _layer_weights(layer) -> LayerWeights | None:
 
 
 class FusedDecode:
-    """A model's layers for :class:`DecodeLayers`, built on first use from the model it is
-    called with (so a deep copy of the model builds its own)."""
+    """A model's layers for :class:`DecodeLayers`, packed at :func:`install`. A model whose
+    projections or norms are swapped afterwards (a quality benchmark quantizing a loaded
+    model) is noticed on its next step: the path is rebuilt, or dropped if it no longer fits."""
 
-    def __init__(self, layers: DecodeLayers) -> None:
-        self.layers = layers
+    def __init__(self, layers: DecodeLayers, parts: tuple) -> None:
+        self.layers, self.parts = layers, parts   # the layers' revisions when packed
         self._refused = False
 
     def __deepcopy__(self, memo: dict) -> None:
@@ -52,9 +58,19 @@ class FusedDecode:
         return (isinstance(plan, CpuAttentionPlan) and plan.decode_lens is not None and plan.prefill_chunks is None
                 and x.shape[0] == plan.meta.num_decodes and x.dtype == torch.float32)
 
+    def current(self, model) -> bool:
+        """No projection or norm of the model was swapped since this path was packed."""
+        return self.parts == _parts(model)
+
     def __call__(self, model, x, residual, positions, kv_caches, plan: CpuAttentionPlan, start: int):
         """(x, residual) after the layers, or None when the step's tensors are not what the C
         call takes (the caller then runs it op by op)."""
+        if not self.current(model):
+            logger.info("the model's projections changed: rebuilding its fused decode layers")
+            model.fused_decode = None
+            install(model)
+            return None if model.fused_decode is None else model.fused_decode(
+                model, x, residual, positions, kv_caches, plan, start)
         first = residual is None
         x = x.clone(memory_format=torch.contiguous_format)   # the caller's x is not written
         if first:
@@ -87,7 +103,7 @@ def install(model) -> bool:
         return False
     if not available(layers.formats):
         return False
-    model.fused_decode = FusedDecode(layers)
+    model.fused_decode = FusedDecode(layers, _parts(model))
     logger.info("decode steps run the %d layers in one C call (%s weights)", len(weights),
                 "/".join(sorted(layers.formats)))
     return True
