@@ -1,9 +1,11 @@
 """The engine on tiny random-weight Llama and Qwen2 models, against transformers."""
 import time
+import types
 
 import pytest
 
 from gpu_worker import LLM, SamplingParams
+from gpu_worker import scheduler as scheduler_module
 from gpu_worker.errors import InvalidRequestError
 
 GREEDY = dict(temperature=0, ignore_eos=True)
@@ -93,11 +95,17 @@ def test_abort_frees_blocks_and_reports_cancelled(llama):
     assert delta.finished and delta.finish_reason == "cancelled"
 
 
-def test_deadline_stops_a_running_request(llama):
+def test_deadline_stops_a_running_request(llama, monkeypatch):
     eng = llama.engine
-    eng.add_request("late", [5, 6, 7], SamplingParams(max_tokens=500, **GREEDY), deadline=time.time() + 0.3)
+    eng.add_request("late", [5, 6, 7], SamplingParams(max_tokens=500, **GREEDY), deadline=time.time() + 1000)
+    produced = 0
+    while produced < 3:                            # running, tokens out
+        produced += sum(len(d.new_token_ids) for d in eng.step())
+    # The deadline passes while it runs, however fast the steps are (the scheduler's clock jumps).
+    monkeypatch.setattr(scheduler_module, "time", types.SimpleNamespace(time=lambda: time.time() + 2000))
     done = _drain(eng)
     assert done["late"].finish_reason == "timeout"
+    monkeypatch.undo()
     eng.add_request("past", [5, 6, 7], SamplingParams(max_tokens=5), deadline=time.time() - 1)
     done = _drain(eng)
     assert done["past"].finish_reason == "timeout" and done["past"].num_output_tokens == 0
