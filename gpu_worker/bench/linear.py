@@ -40,8 +40,6 @@ CALLS = {"w8a8": packed_linear.linear_w8a8}   # the rest: packed_linear.linear
 
 def _runs_in_c(name: str) -> bool:
     """The C kernel (not the torch reference) serves format ``name`` here."""
-    if name == "w8a8":
-        return packed_linear.w8a8_supported()
     return packed_linear.supported(name.split("g")[0])
 
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.cpu import process_kernels
-from kernels.cpu.linear import FORMATS, PackedWeight, supported, w8a8_supported
+from kernels.cpu import _f32_dense, process_kernels
+from kernels.cpu.linear import FORMATS, PackedWeight, supported
 
 _P, _I64, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 CODES = {**{f: i for i, f in enumerate(FORMATS)}, "w8a8": len(FORMATS)}   # decode_layers.c's format codes
@@ -58,8 +58,7 @@ class LayerWeights:
 
 
 def _f32(t: torch.Tensor, shape: tuple[int, ...]) -> bool:
-    return (t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous()
-            and tuple(t.shape) == shape)
+    return _f32_dense(t) and tuple(t.shape) == shape
 
 
 def _ptr(t: torch.Tensor | None) -> int:
@@ -80,7 +79,7 @@ def _weight(p: Projection, n: int, k: int, what: str) -> _Weight:
 
 def available(formats: set[str]) -> bool:
     """The kernels built and every format in ``formats`` has its fast path on this CPU."""
-    return process_kernels() is not None and all(w8a8_supported() if f == "w8a8" else supported(f) for f in formats)
+    return process_kernels() is not None and all(supported(f) for f in formats)
 
 
 class DecodeLayers:

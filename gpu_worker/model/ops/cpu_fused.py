@@ -28,7 +28,7 @@ def _projection(m) -> Projection | None:
     return Projection(m.packed, m.bias, m.input_scale)
 
 
-def _parts(model) -> tuple:
+def _revisions(model) -> tuple:
     """The layers' revisions (``DecoderLayer.__setattr__`` counts every swap)."""
     return tuple(layer.__dict__.get("revision", 0) for layer in model.layers)
 
@@ -45,8 +45,8 @@ class FusedDecode:
     projections or norms are swapped afterwards (a quality benchmark quantizing a loaded
     model) is noticed on its next step: the path is rebuilt, or dropped if it no longer fits."""
 
-    def __init__(self, layers: DecodeLayers, parts: tuple) -> None:
-        self.layers, self.parts = layers, parts   # the layers' revisions when packed
+    def __init__(self, layers: DecodeLayers, revisions: tuple) -> None:
+        self.layers, self.revisions = layers, revisions   # the layers' revisions when packed
         self._refused = False
 
     def __deepcopy__(self, memo: dict) -> None:
@@ -60,7 +60,7 @@ class FusedDecode:
 
     def current(self, model) -> bool:
         """No projection or norm of the model was swapped since this path was packed."""
-        return self.parts == _parts(model)
+        return self.revisions == _revisions(model)
 
     def __call__(self, model, x, residual, positions, kv_caches, plan: CpuAttentionPlan, start: int):
         """(x, residual) after the layers, or None when the step's tensors are not what the C
@@ -103,7 +103,7 @@ def install(model) -> bool:
         return False
     if not available(layers.formats):
         return False
-    model.fused_decode = FusedDecode(layers, _parts(model))
+    model.fused_decode = FusedDecode(layers, _revisions(model))
     logger.info("decode steps run the %d layers in one C call (%s weights)", len(weights),
                 "/".join(sorted(layers.formats)))
     return True

@@ -39,7 +39,7 @@ def kernel_runs(fmt: str, instead: str) -> bool:
     """Whether the packed ``fmt`` kernel runs on this CPU; when it does not, log once (per
     format) which instructions it needs, which of them this CPU has, and ``instead``: what
     the engine uses in its place."""
-    if packed_linear.w8a8_supported() if fmt == "w8a8" else packed_linear.supported(fmt):
+    if packed_linear.supported(fmt):
         return True
     if fmt not in _reported:
         _reported.add(fmt)

@@ -26,11 +26,14 @@ FALLBACK = "keeping dequantize-then-matmul for those layers"
 
 def packed_module(q: Int8Linear | Int4Linear, w8a8: bool = False) -> CpuPackedLinear:
     """The packed twin of one canonical quantized module (same codes, scales, bias and input
-    scale); with ``w8a8``, a per-channel INT8 module whose K is a multiple of 16 is packed
-    for the W8A8 kernel (activations quantized per row on the fly)."""
+    scale); with ``w8a8``, an INT8 module that ``pack_w8a8`` takes (per channel, K a multiple
+    of 16) is packed for the W8A8 kernel (activations quantized per row on the fly)."""
     if isinstance(q, Int8Linear):
-        if w8a8 and q.group_size is None and q.qweight.shape[1] % 16 == 0:
-            return CpuPackedLinear(packed_linear.pack_w8a8(q.qweight, q.scale), q.bias)
+        if w8a8:
+            try:
+                return CpuPackedLinear(packed_linear.pack_w8a8(q.qweight, q.scale), q.bias)
+            except ValueError:   # grouped scales, or K not a multiple of 16: the weight-only kernel
+                pass
         return CpuPackedLinear(packed_linear.pack_int8(q.qweight, q.scale), q.bias)
     weight = packed_linear.pack_int4(q.packed, q.scales, q.mins, q.group_size)
     return CpuPackedLinear(weight, q.bias, q.input_scale)
