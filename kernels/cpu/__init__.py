@@ -43,6 +43,8 @@ class CpuKernels:
     def __init__(self, path: Path) -> None:
         self.path = path
         lib = ctypes.CDLL(str(path))
+        # The vector instruction set of the build (simd.h), or None: portable loops only.
+        self.simd = {2: "avx512", 1: "avx2"}.get(_fn(lib.fleet_simd)())
         self._decode = _fn(lib.fleet_paged_decode_f32, _P, _I64, _P, _P, _P, _I64, _P, _I64, _I64, _I64, _I64,
                            _I64, ctypes.c_float, _P, ctypes.c_int)
         self._add_rms_norm = _fn(lib.fleet_add_rms_norm_f32, _P, _P, _P, _P, _I64, _I64, ctypes.c_float, ctypes.c_int)

@@ -16,6 +16,17 @@
 
 #define PAR_ROWS 8   /* fewer rows than this run on the calling thread */
 
+/* The vector instruction set the kernels were built for (simd.h): 2 AVX-512, 1 AVX2, 0 none. */
+int fleet_simd(void) {
+#if defined(FLEET_AVX512)
+    return 2;
+#elif defined(FLEET_AVX2)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
 /* residual += x (when residual is given), out = rms_norm(residual or x) * w; [n, h] each. */
 int fleet_add_rms_norm_f32(const float *x, float *residual, const float *w, float *out,
                            int64_t n, int64_t h, float eps, int num_threads) {
@@ -66,12 +77,11 @@ int fleet_silu_mul_f32(const float *x, float *out, int64_t n, int64_t inter, int
         const float *g = x + r * 2 * inter, *u = g + inter;
         float *o = out + r * inter;
         int64_t i = 0;
-#if defined(__AVX512F__)
+#if defined(FLEET_SIMD)
         for (; i + 16 <= inter; i += 16) {
-            const __m512 gv = _mm512_loadu_ps(g + i);
-            const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), gv));
-            _mm512_storeu_ps(o + i, _mm512_mul_ps(_mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.f), e)),
-                                                  _mm512_loadu_ps(u + i)));
+            const vf gv = vf_load(g + i);
+            const vf e = vf_exp(vf_sub(vf_zero(), gv));
+            vf_store(o + i, vf_mul(vf_div(gv, vf_add(vf_set1(1.f), e)), vf_load(u + i)));
         }
 #endif
         for (; i < inter; i++) o[i] = g[i] / (1.f + expf(-g[i])) * u[i];

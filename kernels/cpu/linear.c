@@ -3,9 +3,9 @@
  *
  * The weight comes in tiles of TILE = 32 output channels, K-major inside a tile (one
  * contiguous stream per tile; see linear.py for each format's bytes). Work is split over
- * OpenMP threads by tile. Inside a tile, rows go in register blocks of up to RB: RB x 32
- * accumulators, each weight vector decoded once per block and multiplied into every row
- * with x broadcast from memory. With at most RB rows every weight byte is read once and
+ * OpenMP threads by tile. Inside a tile, rows go in register blocks of up to RB (8 with
+ * AVX-512, 4 with AVX2; linear.h): RB x 32 accumulators, each weight vector decoded once
+ * per block and multiplied into every row with x broadcast from memory. With at most RB rows every weight byte is read once and
  * decoded once. With more rows, a quantized or bf16 tile is first decoded into a per-thread
  * float32 buffer of the fp32 layout ([K][32], in L2), which every row block then reads.
  *
@@ -22,7 +22,7 @@
 enum { FMT_F32 = 0, FMT_BF16 = 1, FMT_INT8 = 2, FMT_INT4 = 3, FMT_COUNT = 4,
        FMT_CODES8 = 8 /* inside accumulate only: per-channel int8 codes, their scale applied after the K sum */ };
 
-#if defined(__AVX512F__) && defined(__AVX512BW__)
+#if defined(FLEET_SIMD)
 
 typedef struct {        /* one tile of a packed weight */
     const void *data;   /* the codes or weights of the tile */
@@ -31,51 +31,44 @@ typedef struct {        /* one tile of a packed weight */
     const float *xsum;  /* int4, at most RB / 2 rows: [rows][K / G] sums of x over each group */
 } tile_t;
 
-AI void bf16_pair(const uint16_t *p, __m512 w[2]) {
-    for (int h = 0; h < 2; h++) {
-        const __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p + 16 * h)));
-        w[h] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
-    }
+AI void bf16_pair(const uint16_t *p, vf w[2]) {
+    for (int h = 0; h < 2; h++) w[h] = vf_from_bf16(p + 16 * h);
 }
 
-AI void int8_pair(const int8_t *p, const __m512 s[2], __m512 w[2]) {
-    for (int h = 0; h < 2; h++) {
-        const __m512i v = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 16 * h)));
-        w[h] = _mm512_mul_ps(_mm512_cvtepi32_ps(v), s[h]);
-    }
+AI void int8_pair(const int8_t *p, const vf s[2], vf w[2]) {
+    for (int h = 0; h < 2; h++) w[h] = vf_mul(vf_from_i8(p + 16 * h), s[h]);
 }
 
 /* Two k of 32 channels from 32 bytes: w[0..1] the even k (low nibbles), w[2..3] the odd. */
-AI void int4_quad(const uint8_t *p, const __m512 s[2], const __m512 m[2], __m512 w[4]) {
-    const __m512i low = _mm512_set1_epi32(15);
+AI void int4_quad(const uint8_t *p, const vf s[2], const vf m[2], vf w[4]) {
     for (int h = 0; h < 2; h++) {
-        const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 16 * h)));
-        w[h] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(v, low)), s[h], m[h]);
-        w[2 + h] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4)), s[h], m[h]);
+        vf lo, hi;
+        vf_from_nibbles(p + 16 * h, &lo, &hi);
+        w[h] = vf_fmadd(lo, s[h], m[h]);
+        w[2 + h] = vf_fmadd(hi, s[h], m[h]);
     }
 }
 
-AI void codes8_pair(const int8_t *p, __m512 w[2]) {
-    for (int h = 0; h < 2; h++)
-        w[h] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 16 * h))));
+AI void codes8_pair(const int8_t *p, vf w[2]) {
+    for (int h = 0; h < 2; h++) w[h] = vf_from_i8(p + 16 * h);
 }
 
-AI void load_pair(const float *p, __m512 v[2]) {
-    v[0] = _mm512_loadu_ps(p);
-    v[1] = _mm512_loadu_ps(p + 16);
+AI void load_pair(const float *p, vf v[2]) {
+    v[0] = vf_load(p);
+    v[1] = vf_load(p + 16);
 }
 
 /* acc[r] += x[r][k] * w for the block's R rows. */
-AI void fma_rows(const int R, __m512 acc[RB][2], const float *x, int64_t ldx, int64_t k, const __m512 *w) {
+AI void fma_rows(const int R, vf acc[RB][2], const float *x, int64_t ldx, int64_t k, const vf *w) {
     for (int r = 0; r < R; r++) {
-        const __m512 xb = _mm512_set1_ps(x[r * ldx + k]);
-        acc[r][0] = _mm512_fmadd_ps(xb, w[0], acc[r][0]);
-        acc[r][1] = _mm512_fmadd_ps(xb, w[1], acc[r][1]);
+        const vf xb = vf_set1(x[r * ldx + k]);
+        acc[r][0] = vf_fmadd(xb, w[0], acc[r][0]);
+        acc[r][1] = vf_fmadd(xb, w[1], acc[r][1]);
     }
 }
 
 /* The weights of one k (f32, bf16, int8) into w[0..1], or of the k pair at k (int4) into w[0..3]. */
-AI void decode(const int fmt, const tile_t *t, int64_t k, const __m512 s[2], const __m512 m[2], __m512 *w) {
+AI void decode(const int fmt, const tile_t *t, int64_t k, const vf s[2], const vf m[2], vf *w) {
     if (fmt == FMT_F32) load_pair((const float *)t->data + k * TILE, w);
     else if (fmt == FMT_BF16) bf16_pair((const uint16_t *)t->data + k * TILE, w);
     else if (fmt == FMT_INT8) int8_pair((const int8_t *)t->data + k * TILE, s, w);
@@ -85,9 +78,9 @@ AI void decode(const int fmt, const tile_t *t, int64_t k, const __m512 s[2], con
 
 /* Rows k0 <= k < k1 of the tile into S accumulator sets (k rotates over the sets), so that
  * a block of few rows still has S x R independent chains of fused multiply-adds. */
-AI void span(const int fmt, const int R, const int S, __m512 acc[RB][2], const float *x, int64_t ldx,
-             const tile_t *t, int64_t k0, int64_t k1, const __m512 s[2], const __m512 m[2]) {
-    __m512 w[4];
+AI void span(const int fmt, const int R, const int S, vf acc[RB][2], const float *x, int64_t ldx,
+             const tile_t *t, int64_t k0, int64_t k1, const vf s[2], const vf m[2]) {
+    vf w[4];
     const int step = fmt == FMT_INT4 ? 2 : 1;   /* k per decode */
     const int64_t unroll = S > step ? S : step;
     int64_t k = k0;
@@ -106,21 +99,16 @@ AI void span(const int fmt, const int R, const int S, __m512 acc[RB][2], const f
 /* int4 for a block of at most RB / 2 rows: per group, p = sum of x * q (the bare codes, in
  * sets as in span), then acc += scale * p + min * sum of x; fewer operations per byte than
  * dequantizing each weight. */
-AI void accumulate_int4_folded(const int R, __m512 acc[RB][2], const float *x, int64_t ldx, const tile_t *t) {
-    const int S = R == 1 ? 4 : R == 2 ? 2 : 1;
+AI void accumulate_int4_folded(const int R, vf acc[RB][2], const float *x, int64_t ldx, const tile_t *t) {
+    const int S = SETS_INT4(R);
     const int64_t K = t->k, G = t->group;
-    const __m512i low = _mm512_set1_epi32(15);
     for (int64_t g = 0, k0 = 0; k0 < K; g++, k0 += G) {
-        __m512 p[RB][2], s[2], m[2], w[4];
-        for (int r = 0; r < S * R; r++) p[r][0] = p[r][1] = _mm512_setzero_ps();
+        vf p[RB][2], s[2], m[2], w[4];
+        for (int r = 0; r < S * R; r++) p[r][0] = p[r][1] = vf_zero();
         for (int64_t k = k0; k < k0 + G; k += 2 * S) {
             for (int j = 0; j < 2 * S; j += 2) {
                 const uint8_t *b = (const uint8_t *)t->data + (k + j) / 2 * TILE;
-                for (int h = 0; h < 2; h++) {
-                    const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b + 16 * h)));
-                    w[h] = _mm512_cvtepi32_ps(_mm512_and_si512(v, low));
-                    w[2 + h] = _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4));
-                }
+                for (int h = 0; h < 2; h++) vf_from_nibbles(b + 16 * h, &w[h], &w[2 + h]);
                 fma_rows(R, p + j % S * R, x, ldx, k + j, w);
                 fma_rows(R, p + (j + 1) % S * R, x, ldx, k + j + 1, w + 2);
             }
@@ -128,10 +116,10 @@ AI void accumulate_int4_folded(const int R, __m512 acc[RB][2], const float *x, i
         load_pair(t->scales + g * TILE, s);
         load_pair(t->mins + g * TILE, m);
         for (int r = 0; r < R; r++) {
-            const __m512 xs = _mm512_set1_ps(t->xsum[r * (K / G) + g]);
+            const vf xs = vf_set1(t->xsum[r * (K / G) + g]);
             for (int h = 0; h < 2; h++) {
-                for (int j = 1; j < S; j++) p[r][h] = _mm512_add_ps(p[r][h], p[j * R + r][h]);
-                acc[r][h] = _mm512_fmadd_ps(xs, m[h], _mm512_fmadd_ps(p[r][h], s[h], acc[r][h]));
+                for (int j = 1; j < S; j++) p[r][h] = vf_add(p[r][h], p[j * R + r][h]);
+                acc[r][h] = vf_fmadd(xs, m[h], vf_fmadd(p[r][h], s[h], acc[r][h]));
             }
         }
     }
@@ -139,9 +127,9 @@ AI void accumulate_int4_folded(const int R, __m512 acc[RB][2], const float *x, i
 
 /* The accumulators of R rows over one tile, every k, weights decoded from fmt; acc holds
  * RB rows, of which S x R <= RB serve as S sets, summed into the first R at the end. */
-AI void accumulate(const int fmt, const int R, __m512 acc[RB][2], const float *x, int64_t ldx, const tile_t *t) {
-    const int S = R == 1 ? 4 : R <= RB / 2 ? 2 : 1;
-    __m512 s[2], m[2];
+AI void accumulate(const int fmt, const int R, vf acc[RB][2], const float *x, int64_t ldx, const tile_t *t) {
+    const int S = SETS(R);
+    vf s[2], m[2];
     if (fmt == FMT_INT4 && R <= RB / 2) {
         accumulate_int4_folded(R, acc, x, ldx, t);
         return;
@@ -159,11 +147,11 @@ AI void accumulate(const int fmt, const int R, __m512 acc[RB][2], const float *x
     }
     for (int j = 1; j < S; j++)
         for (int r = 0; r < R; r++)
-            for (int h = 0; h < 2; h++) acc[r][h] = _mm512_add_ps(acc[r][h], acc[j * R + r][h]);
+            for (int h = 0; h < 2; h++) acc[r][h] = vf_add(acc[r][h], acc[j * R + r][h]);
     if (channel) {
         load_pair(t->scales, s);
         for (int r = 0; r < R; r++)
-            for (int h = 0; h < 2; h++) acc[r][h] = _mm512_mul_ps(acc[r][h], s[h]);
+            for (int h = 0; h < 2; h++) acc[r][h] = vf_mul(acc[r][h], s[h]);
     }
 }
 
@@ -173,22 +161,30 @@ typedef void (*block_fn)(const float *x, int64_t ldx, const tile_t *t, const flo
 #define BLOCK(FMT, R)                                                                             \
     static void block_##FMT##_##R(const float *x, int64_t ldx, const tile_t *t, const float *bias, \
                                   float *out, int64_t ldo, int cols) {                           \
-        __m512 acc[RB][2];                                                                        \
-        for (int r = 0; r < RB; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();                  \
+        vf acc[RB][2];                                                                            \
+        for (int r = 0; r < RB; r++) acc[r][0] = acc[r][1] = vf_zero();                           \
         accumulate(FMT, R, acc, x, ldx, t);                                                       \
         store_rows(R, acc, bias, out, ldo, cols);                                                 \
     }
-#define BLOCKS(FMT) BLOCK(FMT, 1) BLOCK(FMT, 2) BLOCK(FMT, 3) BLOCK(FMT, 4) \
-                    BLOCK(FMT, 5) BLOCK(FMT, 6) BLOCK(FMT, 7) BLOCK(FMT, 8)
-#define TABLE(FMT) {NULL, block_##FMT##_1, block_##FMT##_2, block_##FMT##_3, block_##FMT##_4, \
-                    block_##FMT##_5, block_##FMT##_6, block_##FMT##_7, block_##FMT##_8}
+#define BLOCKS4(FMT) BLOCK(FMT, 1) BLOCK(FMT, 2) BLOCK(FMT, 3) BLOCK(FMT, 4)
+#define TABLE4(FMT) NULL, block_##FMT##_1, block_##FMT##_2, block_##FMT##_3, block_##FMT##_4
+#if RB == 8
+#define BLOCKS(FMT) BLOCKS4(FMT) BLOCK(FMT, 5) BLOCK(FMT, 6) BLOCK(FMT, 7) BLOCK(FMT, 8)
+#define TABLE(FMT) {TABLE4(FMT), block_##FMT##_5, block_##FMT##_6, block_##FMT##_7, block_##FMT##_8}
+#elif RB == 4
+#define BLOCKS(FMT) BLOCKS4(FMT)
+#define TABLE(FMT) {TABLE4(FMT)}
+#else
+#define BLOCKS(FMT) BLOCK(FMT, 1) BLOCK(FMT, 2) BLOCK(FMT, 3)
+#define TABLE(FMT) {NULL, block_##FMT##_1, block_##FMT##_2, block_##FMT##_3}
+#endif
 BLOCKS(FMT_F32) BLOCKS(FMT_BF16) BLOCKS(FMT_INT8) BLOCKS(FMT_INT4)
 static const block_fn blocks[FMT_COUNT][RB + 1] = {TABLE(FMT_F32), TABLE(FMT_BF16), TABLE(FMT_INT8),
                                                    TABLE(FMT_INT4)};
 
 /* A tile decoded into buf [K][TILE] float32 (the fp32 tile layout). */
 static void decode_tile(int fmt, const tile_t *t, float *buf) {
-    __m512 w[4], s[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()}, m[2] = {s[0], s[1]};
+    vf w[4], s[2] = {vf_zero(), vf_zero()}, m[2] = {s[0], s[1]};
     const int64_t K = t->k, G = fmt >= FMT_INT8 ? t->group : t->k;
     const int step = fmt == FMT_INT4 ? 2 : 1;
     for (int64_t g = 0, k0 = 0; k0 < K; g++, k0 += G) {
@@ -200,7 +196,7 @@ static void decode_tile(int fmt, const tile_t *t, float *buf) {
             case FMT_INT8: decode(FMT_INT8, t, k, s, m, w); break;
             default: decode(FMT_INT4, t, k, s, m, w);
             }
-            for (int j = 0; j < 2 * step; j++) _mm512_storeu_ps(buf + k * TILE + 16 * j, w[j]);
+            for (int j = 0; j < 2 * step; j++) vf_store(buf + k * TILE + 16 * j, w[j]);
         }
     }
 }
@@ -267,7 +263,7 @@ int fleet_linear(int fmt, const float *x, int64_t M, int64_t N, int64_t K, int64
     return failed;
 }
 
-#else   /* no AVX-512: the callers keep their torch path */
+#else   /* no AVX-512 or AVX2: the callers keep their torch path */
 
 int fleet_linear_supported(int fmt) { (void)fmt; return 0; }
 

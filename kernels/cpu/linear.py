@@ -155,7 +155,7 @@ def _library():
 
 @functools.cache
 def supported(fmt: str) -> bool:
-    """The kernels built and this CPU runs ``fmt``'s fast path (AVX-512 F/BW; "w8a8":
+    """The kernels built and this CPU runs ``fmt``'s fast path (AVX-512 F/BW or AVX2 with FMA; "w8a8":
     :func:`w8a8_supported`). Asked once per format and process (the library is built once)."""
     if fmt == "w8a8":
         return w8a8_supported()

@@ -12,12 +12,12 @@
  *   tables        [n, table_stride] int64 block ids; lens [n] int64 context lengths
  * Query head h reads KV head h / G, G = H / KVH (grouped-query attention).
  *
- * The AVX-512 path handles one KV head and its G query heads at a time, with G (up to 8)
+ * The vector path (AVX-512 or AVX2, simd.h) handles one KV head and its G query heads at a time, with G (up to 8)
  * and D (16, 32, 64, 96 or 128) compile-time constants, so that q, the accumulators and the
  * softmax state stay in registers and each K/V row is loaded once for the whole group. It
  * prefetches the K/V rows PF tiles ahead: blocks are scattered, so the hardware
- * prefetchers lose the stream at every block boundary. Other shapes, and machines without
- * AVX-512, take portable loops.
+ * prefetchers lose the stream at every block boundary. Other shapes, and machines with
+ * neither instruction set, take portable loops.
  *
  * Work is split over (sequence, KV-head range) items with OpenMP, on the thread pool torch
  * already runs (the build links the same libgomp soname). Built at first use by
@@ -34,23 +34,7 @@
 #include "paged.h"
 #include "simd.h"
 
-#if defined(__AVX512F__)
-
-/* Lane t of the result = sum of the 16 lanes of v[t] (a transpose-and-add tree). */
-static inline __m512 sum16x16(const __m512 *v) {
-    __m512 a[8], b[4];
-    for (int i = 0; i < 8; i++)
-        a[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
-                             _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-    for (int j = 0; j < 4; j++) {
-        const __m512d x = _mm512_castps_pd(a[2 * j]), y = _mm512_castps_pd(a[2 * j + 1]);
-        b[j] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
-                             _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
-    }
-    const __m512 c0 = _mm512_add_ps(_mm512_shuffle_f32x4(b[0], b[1], 0x88), _mm512_shuffle_f32x4(b[0], b[1], 0xDD));
-    const __m512 c1 = _mm512_add_ps(_mm512_shuffle_f32x4(b[2], b[3], 0x88), _mm512_shuffle_f32x4(b[2], b[3], 0xDD));
-    return _mm512_add_ps(_mm512_shuffle_f32x4(c0, c1, 0x88), _mm512_shuffle_f32x4(c0, c1, 0xDD));
-}
+#if defined(FLEET_SIMD)
 
 /* One KV head and its G query heads; G and NV = D / 16 are constants where decode_groups
  * instantiates it. kc and vc point at the group's first K/V element, q and out at its
@@ -58,19 +42,19 @@ static inline __m512 sum16x16(const __m512 *v) {
 static inline __attribute__((always_inline)) void decode_group(
         const float *q, const float *kc, const float *vc, const int64_t *table, int64_t len,
         int64_t tok, int64_t blk, int64_t bs, float scale, float *out, const int G, const int NV) {
-    __m512 qv[G][NV], acc[G][NV], m[G], l[G];
+    vf qv[G][NV], acc[G][NV], m[G], l[G];
     float p[G][TILE] __attribute__((aligned(64)));
     for (int h = 0; h < G; h++) {
         for (int j = 0; j < NV; j++) {
-            qv[h][j] = _mm512_mul_ps(_mm512_loadu_ps(q + (h * NV + j) * 16), _mm512_set1_ps(scale));
-            acc[h][j] = _mm512_setzero_ps();
+            qv[h][j] = vf_mul(vf_load(q + (h * NV + j) * 16), vf_set1(scale));
+            acc[h][j] = vf_zero();
         }
-        m[h] = _mm512_set1_ps(-FLT_MAX);
-        l[h] = _mm512_setzero_ps();
+        m[h] = vf_set1(-FLT_MAX);
+        l[h] = vf_zero();
     }
     for (int64_t t0 = 0; t0 < len; t0 += TILE) {
-        const int64_t nt = len - t0 < TILE ? len - t0 : TILE;
-        const __mmask16 valid = (__mmask16)((1u << nt) - 1u);
+        const int nt = len - t0 < TILE ? (int)(len - t0) : TILE;
+        const vm valid = vm_first(nt);
         const int64_t base = table[t0 / bs] * blk + (t0 % bs) * tok;
         const float *kb = kc + base, *vb = vc + base;
         if (t0 + PF * TILE < len) {
@@ -81,36 +65,36 @@ static inline __attribute__((always_inline)) void decode_group(
                     _mm_prefetch((const char *)(vc + nx + t * tok + 16 * j), _MM_HINT_T0);
                 }
         }
-        __m512 part[G][TILE];
+        vf part[G][TILE];
         for (int t = 0; t < TILE; t++) {  /* rows past nt are read but masked out */
             const float *kt = kb + (t < nt ? t : 0) * tok;
-            __m512 kv[NV];
-            for (int j = 0; j < NV; j++) kv[j] = _mm512_loadu_ps(kt + 16 * j);
+            vf kv[NV];
+            for (int j = 0; j < NV; j++) kv[j] = vf_load(kt + 16 * j);
             for (int h = 0; h < G; h++) {
-                __m512 x = _mm512_mul_ps(qv[h][0], kv[0]);
-                for (int j = 1; j < NV; j++) x = _mm512_fmadd_ps(qv[h][j], kv[j], x);
+                vf x = vf_mul(qv[h][0], kv[0]);
+                for (int j = 1; j < NV; j++) x = vf_fmadd(qv[h][j], kv[j], x);
                 part[h][t] = x;
             }
         }
         for (int h = 0; h < G; h++) {
-            const __m512 s = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), valid, sum16x16(part[h]));
-            const __m512 mx = _mm512_max_ps(m[h], _mm512_set1_ps(_mm512_reduce_max_ps(s)));
-            const __m512 f = exp16(_mm512_sub_ps(m[h], mx));
-            const __m512 e = _mm512_maskz_mov_ps(valid, exp16(_mm512_sub_ps(s, mx)));
-            l[h] = _mm512_fmadd_ps(l[h], f, _mm512_set1_ps(_mm512_reduce_add_ps(e)));
+            const vf s = vf_keep(valid, vf_sum16(part[h]), vf_set1(-INFINITY));
+            const vf mx = vf_max(m[h], vf_set1(vf_hmax(s)));
+            const vf f = vf_exp(vf_sub(m[h], mx));
+            const vf e = vf_keep(valid, vf_exp(vf_sub(s, mx)), vf_zero());
+            l[h] = vf_fmadd(l[h], f, vf_set1(vf_sum(e)));
             m[h] = mx;
-            _mm512_store_ps(p[h], e);
-            for (int j = 0; j < NV; j++) acc[h][j] = _mm512_mul_ps(acc[h][j], f);
+            vf_store(p[h], e);
+            for (int j = 0; j < NV; j++) acc[h][j] = vf_mul(acc[h][j], f);
         }
         for (int64_t t = 0; t < nt; t++)
             for (int j = 0; j < NV; j++) {
-                const __m512 v = _mm512_loadu_ps(vb + t * tok + 16 * j);
-                for (int h = 0; h < G; h++) acc[h][j] = _mm512_fmadd_ps(_mm512_set1_ps(p[h][t]), v, acc[h][j]);
+                const vf v = vf_load(vb + t * tok + 16 * j);
+                for (int h = 0; h < G; h++) acc[h][j] = vf_fmadd(vf_set1(p[h][t]), v, acc[h][j]);
             }
     }
     for (int h = 0; h < G; h++) {
-        const __m512 inv = _mm512_div_ps(_mm512_set1_ps(1.f), l[h]);
-        for (int j = 0; j < NV; j++) _mm512_storeu_ps(out + (h * NV + j) * 16, _mm512_mul_ps(acc[h][j], inv));
+        const vf inv = vf_div(vf_set1(1.f), l[h]);
+        for (int j = 0; j < NV; j++) vf_store(out + (h * NV + j) * 16, vf_mul(acc[h][j], inv));
     }
 }
 
@@ -153,7 +137,7 @@ int fleet_paged_decode_f32(const float *q, int64_t q_stride, const float *k_cach
             memset(os + g0 * G * D, 0, sizeof(float) * (g1 - g0) * G * D);
             continue;
         }
-#if defined(__AVX512F__)
+#if defined(FLEET_SIMD)
         if (VECTOR_OK(G, D, bs)) {
             decode_groups(qs, k_cache, v_cache, tables + s * table_stride, lens[s], KVH, G, D, bs, scale, g0, g1, os);
             continue;

@@ -19,8 +19,9 @@
  * adds each tile's V rows into accumulators kept in L1. On the 2-core AMD EPYC measured
  * (float32 matmul peak ~520 GFLOP/s) it ran at 170 GFLOP/s on the benchmark's 64 prompts
  * of 8-384 tokens and 260 on prompts of 1-4k, 1.7-2.4x torch's flash SDPA.
- * Shapes the AVX-512 path does not take (head_dim other than 16/32/64/96/128, block_size not a
- * multiple of 16, groups over ROWS heads, no AVX-512) run the portable loops of paged.h.
+ * Shapes the vector path (AVX-512 or AVX2, simd.h) does not take (head_dim other than
+ * 16/32/64/96/128, block_size not a multiple of 16, groups over ROWS heads, neither
+ * instruction set) run the portable loops of paged.h.
  */
 #include <float.h>
 #include <math.h>
@@ -33,32 +34,7 @@
 #define ROWS 64      /* (position, head) rows per work item at most */
 #define DMAX 128
 
-#if defined(__AVX512F__)
-
-/* t[d] = lanes 0..15 of column d of the 16 rows r[0..15] (each 16 floats wide): a 16x16
- * transpose in registers. */
-static inline void transpose16(const __m512 *r, float *t, int64_t t_stride) {
-    __m512 a[16], b[16];
-    for (int i = 0; i < 8; i++) {
-        a[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-        a[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-    }
-    for (int i = 0; i < 4; i++)
-        for (int j = 0; j < 2; j++) {
-            const __m512d x = _mm512_castps_pd(a[4 * i + j]), y = _mm512_castps_pd(a[4 * i + j + 2]);
-            b[4 * i + 2 * j] = _mm512_castpd_ps(_mm512_unpacklo_pd(x, y));
-            b[4 * i + 2 * j + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(x, y));
-        }
-    /* b[4i + k] holds, for rows 4i..4i+3, column k of each 128-bit lane: gather lanes. */
-    for (int k = 0; k < 4; k++) {
-        const __m512 c0 = _mm512_shuffle_f32x4(b[k], b[4 + k], 0x88), c1 = _mm512_shuffle_f32x4(b[k], b[4 + k], 0xDD);
-        const __m512 c2 = _mm512_shuffle_f32x4(b[8 + k], b[12 + k], 0x88), c3 = _mm512_shuffle_f32x4(b[8 + k], b[12 + k], 0xDD);
-        _mm512_store_ps(t + (k + 0) * t_stride, _mm512_shuffle_f32x4(c0, c2, 0x88));
-        _mm512_store_ps(t + (k + 4) * t_stride, _mm512_shuffle_f32x4(c1, c3, 0x88));
-        _mm512_store_ps(t + (k + 8) * t_stride, _mm512_shuffle_f32x4(c0, c2, 0xDD));
-        _mm512_store_ps(t + (k + 12) * t_stride, _mm512_shuffle_f32x4(c1, c3, 0xDD));
-    }
-}
+#if defined(FLEET_SIMD)
 
 /* Positions [i0, i0 + ni) of one chunk (position of row 0: first), KV head g and its G
  * query heads. kc/vc point at KV head g's first element. NV = D / 16, a constant where
@@ -72,18 +48,16 @@ static inline __attribute__((always_inline)) void prefill_item(
     float Q[ROWS][DMAX] __attribute__((aligned(64))), O[ROWS][DMAX] __attribute__((aligned(64)));
     float KT[DMAX][16] __attribute__((aligned(64))), P[ROWS][16] __attribute__((aligned(64)));
     float M[ROWS], L[ROWS], F[ROWS];
-    int32_t lim[ROWS];
+    int64_t lim[ROWS];
     for (int64_t r = 0; r < RP; r++) {   /* rows past R repeat the last row; never stored */
         const int64_t rr = r < R ? r : R - 1, i = i0 + rr / G, h = g * G + rr % G;
         for (int j = 0; j < NV; j++) {
-            _mm512_store_ps(Q[r] + 16 * j, _mm512_mul_ps(_mm512_loadu_ps(q + i * q_stride + h * D + 16 * j),
-                                                         _mm512_set1_ps(scale)));
-            _mm512_store_ps(O[r] + 16 * j, _mm512_setzero_ps());
+            vf_store(Q[r] + 16 * j, vf_mul(vf_load(q + i * q_stride + h * D + 16 * j), vf_set1(scale)));
+            vf_store(O[r] + 16 * j, vf_zero());
         }
-        M[r] = -FLT_MAX, L[r] = 0.f, lim[r] = (int32_t)(first + i);
+        M[r] = -FLT_MAX, L[r] = 0.f, lim[r] = first + i;
     }
     const int64_t last = first + i0 + ni - 1;   /* the latest position: lim of the last rows */
-    const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
     for (int64_t t0 = 0; t0 <= last; t0 += 16) {
         const int64_t base = table[t0 / bs] * blk + (t0 % bs) * tok;  /* the tile lies in one block */
         const float *kb = kc + base, *vb = vc + base;
@@ -98,54 +72,52 @@ static inline __attribute__((always_inline)) void prefill_item(
         }
         /* K rows of the tile past the context hold other data or zeros: read, then masked. */
         for (int j = 0; j < NV; j++) {
-            __m512 rows[16];
-            for (int t = 0; t < 16; t++) rows[t] = _mm512_loadu_ps(kb + t * tok + 16 * j);
-            transpose16(rows, KT[16 * j], 16);
+            vf rows[16];
+            for (int t = 0; t < 16; t++) rows[t] = vf_load(kb + t * tok + 16 * j);
+            vf_transpose16(rows, KT[16 * j], 16);
         }
-        const __m512i keys = _mm512_add_epi32(_mm512_set1_epi32((int32_t)t0), lane);
         for (int64_t r0 = 0; r0 < RP; r0 += 8) {
-            __m512 s[8];
-            for (int r = 0; r < 8; r++) s[r] = _mm512_setzero_ps();
+            vf s[8];
+            for (int r = 0; r < 8; r++) s[r] = vf_zero();
             for (int d = 0; d < D; d++) {
-                const __m512 kt = _mm512_load_ps(KT[d]);
-                for (int r = 0; r < 8; r++) s[r] = _mm512_fmadd_ps(_mm512_set1_ps(Q[r0 + r][d]), kt, s[r]);
+                const vf kt = vf_load(KT[d]);
+                for (int r = 0; r < 8; r++) s[r] = vf_fmadd(vf_set1(Q[r0 + r][d]), kt, s[r]);
             }
             for (int r = 0; r < 8; r++) {
                 const int64_t rr = r0 + r;
-                const __mmask16 ok = _mm512_cmple_epi32_mask(keys, _mm512_set1_epi32(lim[rr]));
-                if (!ok) {  /* every key of the tile is in this row's future */
+                /* the row sees keys t0 .. lim: the first `seen` lanes of the tile */
+                const int seen = lim[rr] - t0 + 1 > 16 ? 16 : (int)(lim[rr] - t0 + 1);
+                if (seen <= 0) {  /* every key of the tile is in this row's future */
                     F[rr] = 1.f;
-                    _mm512_store_ps(P[rr], _mm512_setzero_ps());
+                    vf_store(P[rr], vf_zero());
                     continue;
                 }
-                const float mx = fmaxf(M[rr], _mm512_mask_reduce_max_ps(ok, s[r]));
-                const __m512 e = _mm512_maskz_mov_ps(ok, exp16(_mm512_sub_ps(s[r], _mm512_set1_ps(mx))));
+                const vm ok = vm_first(seen);
+                const float mx = fmaxf(M[rr], vf_hmax(vf_keep(ok, s[r], vf_set1(-INFINITY))));
+                const vf e = vf_keep(ok, vf_exp(vf_sub(s[r], vf_set1(mx))), vf_zero());
                 F[rr] = expf(M[rr] - mx);
-                L[rr] = L[rr] * F[rr] + _mm512_reduce_add_ps(e);
+                L[rr] = L[rr] * F[rr] + vf_sum(e);
                 M[rr] = mx;
-                _mm512_store_ps(P[rr], e);
+                vf_store(P[rr], e);
             }
         }
         for (int64_t r0 = 0; r0 < RP; r0 += 4) {
-            __m512 acc[4][NV];
+            vf acc[4][NV];
             for (int r = 0; r < 4; r++)
-                for (int j = 0; j < NV; j++)
-                    acc[r][j] = _mm512_mul_ps(_mm512_load_ps(O[r0 + r] + 16 * j), _mm512_set1_ps(F[r0 + r]));
+                for (int j = 0; j < NV; j++) acc[r][j] = vf_mul(vf_load(O[r0 + r] + 16 * j), vf_set1(F[r0 + r]));
             for (int t = 0; t < nt; t++)    /* V rows past the context are never read */
                 for (int j = 0; j < NV; j++) {
-                    const __m512 v = _mm512_loadu_ps(vb + t * tok + 16 * j);
-                    for (int r = 0; r < 4; r++)
-                        acc[r][j] = _mm512_fmadd_ps(_mm512_set1_ps(P[r0 + r][t]), v, acc[r][j]);
+                    const vf v = vf_load(vb + t * tok + 16 * j);
+                    for (int r = 0; r < 4; r++) acc[r][j] = vf_fmadd(vf_set1(P[r0 + r][t]), v, acc[r][j]);
                 }
             for (int r = 0; r < 4; r++)
-                for (int j = 0; j < NV; j++) _mm512_store_ps(O[r0 + r] + 16 * j, acc[r][j]);
+                for (int j = 0; j < NV; j++) vf_store(O[r0 + r] + 16 * j, acc[r][j]);
         }
     }
     for (int64_t r = 0; r < R; r++) {
         const int64_t i = i0 + r / G, h = g * G + r % G;
-        const __m512 inv = _mm512_set1_ps(1.f / L[r]);
-        for (int j = 0; j < NV; j++)
-            _mm512_storeu_ps(out + i * out_stride + h * D + 16 * j, _mm512_mul_ps(_mm512_load_ps(O[r] + 16 * j), inv));
+        const vf inv = vf_set1(1.f / L[r]);
+        for (int j = 0; j < NV; j++) vf_store(out + i * out_stride + h * D + 16 * j, vf_mul(vf_load(O[r] + 16 * j), inv));
     }
 }
 
@@ -189,7 +161,7 @@ int fleet_paged_prefill_f32(const float *q, int64_t q_stride, const float *k_cac
         const float *qc = q + row0 * q_stride;
         float *oc = out + row0 * H * D;
         const int64_t *table = tables + c * table_stride;
-#if defined(__AVX512F__)
+#if defined(FLEET_SIMD)
         if (VECTOR_OK(G, D, bs)) {
             prefill_rows(qc, q_stride, k_cache, v_cache, table, first, i0, ni, g, G, KVH, D, bs, scale, oc, H * D);
             continue;

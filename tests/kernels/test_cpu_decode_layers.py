@@ -19,7 +19,7 @@ from kernels.cpu.layers import DecodeLayers, LayerWeights, Projection, available
 from kernels.quantize import quantize_int4, quantize_int8
 
 FMTS = ("f32", "bf16", "int8", "int4")
-pytestmark = pytest.mark.skipif(not available(set(FMTS)), reason="no C compiler or no AVX-512")
+pytestmark = pytest.mark.skipif(not available(set(FMTS)), reason="no C compiler, or neither AVX-512 nor AVX2")
 BS, CPU = 16, torch.device("cpu")
 
 

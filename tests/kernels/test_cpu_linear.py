@@ -11,7 +11,7 @@ from kernels.quantize import dequantize_int4, dequantize_int8, quantize_int4, qu
 
 FMTS = ("f32", "bf16", "int8", "int4")
 pytestmark = pytest.mark.skipif(not all(L.supported(f) for f in FMTS),
-                                reason="no C compiler or no AVX-512: linear() is reference_linear there")
+                                reason="no C compiler, or neither AVX-512 nor AVX2: linear() is reference_linear there")
 
 
 def _pack(fmt: str, w: torch.Tensor, group: int | None) -> L.PackedWeight:

@@ -70,15 +70,22 @@ def test_paged_decode_matches_attention_over_the_gathered_context(heads, kv_head
 
 
 def test_the_simd_path_serves_the_common_shapes():
-    import platform
-
-    flags = open("/proc/cpuinfo").read() if platform.system() == "Linux" else ""
-    if " avx512f " not in flags:
-        pytest.skip("no AVX-512 here: the portable loops serve every shape")
+    if kernels.simd is None:
+        pytest.skip("neither AVX-512 nor AVX2 here: the portable loops serve every shape")
     assert kernels.vectorized(9, 3, 64, 16) and kernels.vectorized(32, 8, 128, 32) and kernels.vectorized(4, 1, 32, 16)
     assert kernels.vectorized(14, 2, 96, 16) and kernels.vectorized(8, 8, 64, 16) and kernels.vectorized(4, 2, 16, 16)
     assert not kernels.vectorized(6, 2, 24, 16) and not kernels.vectorized(4, 2, 64, 8)
     assert not kernels.vectorized(16, 1, 64, 16) and not kernels.vectorized(4, 2, 256, 16)
+
+
+def test_the_build_takes_the_widest_vector_set_this_cpu_has():
+    from gpu_worker.model.ops.cpu_linear import cpu_flags
+
+    flags = cpu_flags()
+    if not flags:
+        pytest.skip("no /proc/cpuinfo flags to compare with")
+    want = ("avx512" if {"avx512f", "avx512bw"} <= flags else "avx2" if {"avx2", "fma"} <= flags else None)
+    assert kernels.simd == want
 
 
 def test_an_empty_context_gives_zeros_and_bad_input_raises():

@@ -5,8 +5,8 @@ int4 or W8A8 tiles, packed once at load) and computes ``y = (x / input_scale) W^
 the kernels read the small weights directly and dequantize in registers, so int8 streams a
 quarter of fp32's bytes and bf16 half. Activations, bias and input scale stay float32.
 
-Where a format's kernel does not run on this CPU (``supported(fmt)`` false: no AVX-512, or
-the C kernels did not build), the callers keep their previous path instead of packing, and
+Where a format's kernel does not run on this CPU (``supported(fmt)`` false: neither AVX-512
+nor AVX2, or the C kernels did not build), the callers keep their previous path instead of packing, and
 :func:`kernel_runs` says so once per format in the log.
 """
 from __future__ import annotations
@@ -44,8 +44,8 @@ def kernel_runs(fmt: str, instead: str) -> bool:
     if fmt not in _reported:
         _reported.add(fmt)
         flags = cpu_flags()
-        have = [f for f in ("avx512f", "avx512bw", "avx512_bf16", "avx512_vnni") if f in flags]
-        need = "AVX512_VNNI" if fmt == "w8a8" else "AVX-512 F/BW"
+        have = [f for f in ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni") if f in flags]
+        need = "AVX512_VNNI" if fmt == "w8a8" else "AVX-512 F/BW or AVX2 with FMA"
         logger.warning("packed %s weights: the kernel does not run here (it needs the C kernels built and %s; "
                        "this CPU has %s); %s", fmt, need, ", ".join(have) or "none of them", instead)
     return False

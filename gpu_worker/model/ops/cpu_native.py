@@ -25,6 +25,6 @@ def loaded_kernels():
 
                 _kernels = load(cache_root() / "cpu-kernels")
                 if _kernels is not None:
-                    logger.info("CPU kernels: %s", _kernels.path.name)
+                    logger.info("CPU kernels: %s (%s)", _kernels.path.name, _kernels.simd or "portable loops only")
                 _loaded = True
     return _kernels
