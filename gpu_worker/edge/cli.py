@@ -47,7 +47,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser):
     g.add_argument("--quantization", type=_quantization_spec, default=None, metavar="SPEC",
                    help="weight-only quantization at load: int8 (per channel), int8-g<G>, int4 "
                         "(group 128, calibrated), int4-g<G>; +head quantizes the LM head too (int8); "
-                        "w8a8: int8 per channel with activations quantized per row to int8 (CPU, AVX512_VNNI; "
+                        "w8a8: int8 per channel with activations quantized per row to int8 (CPU, AVX512_VNNI or AVX2; "
                         "changes numerics)")
     g.add_argument("--dtype", choices=DTYPES, default="auto",
                    help="weights and KV cache dtype; auto: the fastest exact one for the "

@@ -178,7 +178,7 @@ class CpuKernels:
         _check("linear", rc == 0, f"a format and group the kernel serves (code {rc})")
 
     def linear_w8a8_supported(self) -> bool:
-        """Whether the W8A8 kernel (AVX512_VNNI) runs here."""
+        """Whether the W8A8 kernel (AVX512_VNNI, or AVX2) runs here."""
         return bool(self._w8a8_supported())
 
     def linear_w8a8(self, x: torch.Tensor, w, bias: torch.Tensor | None, out: torch.Tensor) -> None:

@@ -11,12 +11,12 @@
 
 NT = ceil(N / TILE); the padding channels are zero and never written out.
 
-W8A8 (:func:`pack_w8a8`, :func:`linear_w8a8`; AVX512_VNNI) is separate because it changes
+W8A8 (:func:`pack_w8a8`, :func:`linear_w8a8`; AVX512_VNNI, or AVX2's vpmaddubsw) is separate because it changes
 numerics: x is quantized per row to int8 on the fly (:func:`quantize_rows`) and multiplied
 with int8 per-channel codes in integer dot products. Its data is [NT, K // 4, TILE, 4] int8
 (four consecutive k of a channel together), scales [NT, 1, TILE], and ``mins`` holds
 128 x each channel's code sum (int32), which takes the +128 offset of the unsigned
-activations back out. The kernels
+activations back out (VNNI; the AVX2 kernel keeps x signed and needs no offset: the same sums). The kernels
 dequantize in registers and accumulate in float32; :func:`reference_linear` (dequantize,
 then ``F.linear``) is their test oracle. The int8/int4 formats are those of
 :mod:`kernels.quantize`.
@@ -123,6 +123,8 @@ def pack_w8a8(qweight: torch.Tensor, scale: torch.Tensor) -> PackedWeight:
     if qweight.dtype != torch.int8 or scale.shape != (n,) or k % 16:
         raise ValueError(f"W8A8 needs int8 codes [N, K] with K % 16 == 0 and a per-channel scale [N], "
                          f"got {qweight.dtype} {(n, k)} and {tuple(scale.shape)}")
+    if bool((qweight == -128).any()):   # the AVX2 kernel moves x's sign onto the codes
+        raise ValueError("W8A8 needs codes in [-127, 127] (quantize_int8's range), got -128")
     tiles = _tiles(qweight.detach())                                    # [NT, K, TILE]
     data = tiles.reshape(-1, k // 4, 4, TILE).transpose(2, 3).contiguous()   # [NT, K // 4, TILE, 4]
     comps = _tiles((qweight.detach().to(torch.int32).sum(1, keepdim=True) * 128).to(torch.int32))
@@ -199,7 +201,7 @@ def quantize_rows(x: torch.Tensor) -> torch.Tensor:
 
 @functools.cache
 def w8a8_supported() -> bool:
-    """The kernels built and this CPU runs :func:`linear_w8a8`'s fast path (AVX512_VNNI)."""
+    """The kernels built and this CPU runs :func:`linear_w8a8`'s fast path (AVX512_VNNI, or AVX2)."""
     lib = _library()
     return lib is not None and lib.linear_w8a8_supported()
 

@@ -97,7 +97,105 @@ int fleet_linear_w8a8(const float *x, int64_t M, int64_t N, int64_t K, const int
     return 0;
 }
 
-#else   /* no AVX512_VNNI: linear_w8a8 computes its reference in torch */
+#elif defined(FLEET_AVX2)
+/* AVX2 has no vpdpbusd: vpmaddubsw multiplies unsigned by signed bytes into saturating int16
+ * pairs. With the +128 offset a pair could reach 2 * 255 * 127 and saturate, so here x stays
+ * signed and the sign moves onto the weight: |xq| * (q * sign(xq)), at most 2 * 127 * 127 per
+ * pair, then vpmaddwd with ones into int32 lanes of four k. The int32 sums are exactly
+ * sum_k xq q, as with VNNI (comp is not needed), so the results are the same bits. */
+
+/* xq[r][k] = round(x[r][k] / xs[r]) in [-127, 127]; K % 16 == 0. */
+static void quantize_rows(const float *x, int64_t M, int64_t K, int8_t *xq, float *xs) {
+    for (int64_t r = 0; r < M; r++) {
+        const float *xr = x + r * K;
+        vf amax = vf_zero();
+        for (int64_t k = 0; k < K; k += 16) amax = vf_max(amax, vf_max(vf_load(xr + k), vf_sub(vf_zero(), vf_load(xr + k))));
+        const float m = vf_hmax(amax);
+        const float scale = m > 0.f ? m / 127.f : 1.f;
+        const vf s = vf_set1(scale);
+        for (int64_t k = 0; k < K; k += 16) {
+            const vf q = vf_div(vf_load(xr + k), s);
+            const __m256i lim = _mm256_set1_epi32(127), neg = _mm256_set1_epi32(-127);
+            const __m256i a = _mm256_min_epi32(_mm256_max_epi32(_mm256_cvtps_epi32(q.lo), neg), lim);   /* nearest even */
+            const __m256i b = _mm256_min_epi32(_mm256_max_epi32(_mm256_cvtps_epi32(q.hi), neg), lim);
+            const __m256i h = _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xD8);   /* 16 int16 in order */
+            _mm_storeu_si128((__m128i *)(xq + r * K + k),
+                             _mm_packs_epi16(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
+        }
+        xs[r] = scale;
+    }
+}
+
+/* R rows of xq against one tile (codes w [K/4][32][4], scale [32]). */
+AI void w8a8_block(const int R, const int8_t *xq, int64_t K, const float *xs, const int8_t *w, const float *scale,
+                   const float *bias, float *out, int64_t ldo, int cols) {
+    __m256i acc[RB][4];
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < 4; j++) acc[r][j] = _mm256_setzero_si256();
+    for (int64_t k = 0; k < K; k += 4) {
+        __m256i wv[4];
+        for (int j = 0; j < 4; j++) wv[j] = _mm256_loadu_si256((const __m256i *)(w + k * TILE + 32 * j));
+        for (int r = 0; r < R; r++) {
+            const __m256i xb = _mm256_set1_epi32(*(const int32_t *)(xq + r * K + k));
+            const __m256i ax = _mm256_sign_epi8(xb, xb);
+            for (int j = 0; j < 4; j++) {
+                const __m256i p = _mm256_maddubs_epi16(ax, _mm256_sign_epi8(wv[j], xb));
+                acc[r][j] = _mm256_add_epi32(acc[r][j], _mm256_madd_epi16(p, ones));
+            }
+        }
+    }
+    vf y[RB][2];
+    for (int h = 0; h < 2; h++) {
+        const vf s = vf_load(scale + 16 * h);
+        for (int r = 0; r < R; r++) {
+            const vf sum = {_mm256_cvtepi32_ps(acc[r][2 * h]), _mm256_cvtepi32_ps(acc[r][2 * h + 1])};
+            y[r][h] = vf_mul(sum, vf_mul(s, vf_set1(xs[r])));
+        }
+    }
+    store_rows(R, y, bias, out, ldo, cols);
+}
+
+typedef void (*w8a8_fn)(const int8_t *, int64_t, const float *, const int8_t *, const float *, const float *,
+                        float *, int64_t, int);
+#define W8A8(R)                                                                                               \
+    static void w8a8_##R(const int8_t *xq, int64_t K, const float *xs, const int8_t *w, const float *s,         \
+                         const float *b, float *out, int64_t ldo, int cols) {                                 \
+        w8a8_block(R, xq, K, xs, w, s, b, out, ldo, cols);                                                    \
+    }
+W8A8(1) W8A8(2) W8A8(3)
+static const w8a8_fn w8a8_blocks[RB + 1] = {NULL, w8a8_1, w8a8_2, w8a8_3};
+
+int fleet_linear_w8a8_supported(void) { return 1; }
+
+int fleet_linear_w8a8(const float *x, int64_t M, int64_t N, int64_t K, const int8_t *codes, const float *scales,
+                      const int32_t *comps, const float *bias, float *out, int num_threads) {
+    (void)comps;
+    if (K < 16 || K % 16 || N < 1 || M < 0) return 1;
+    int8_t *xq = malloc((size_t)(M * K + 64));
+    float *xs = malloc((size_t)(M + 1) * sizeof(float));
+    if (!xq || !xs) {
+        free(xq);
+        free(xs);
+        return 3;
+    }
+    quantize_rows(x, M, K, xq, xs);
+    const int64_t tiles = (N + TILE - 1) / TILE;
+    #pragma omp parallel for schedule(static) num_threads(num_threads) if (tiles > 1 && M * N * K >= 65536)
+    for (int64_t i = 0; i < tiles; i++) {
+        const int cols = N - i * TILE < TILE ? (int)(N - i * TILE) : TILE;
+        for (int64_t r0 = 0; r0 < M; r0 += RB) {
+            const int R = M - r0 < RB ? (int)(M - r0) : RB;
+            w8a8_blocks[R](xq + r0 * K, K, xs + r0, codes + i * K * TILE, scales + i * TILE,
+                           bias ? bias + i * TILE : NULL, out + r0 * N + i * TILE, N, cols);
+        }
+    }
+    free(xq);
+    free(xs);
+    return 0;
+}
+
+#else   /* neither AVX512_VNNI nor AVX2: linear_w8a8 computes its reference in torch */
 
 int fleet_linear_w8a8_supported(void) { return 0; }
 

@@ -90,7 +90,7 @@ def _both(model, x, residual, positions, plan, caches, start, end):
 @pytest.mark.parametrize("lens", [[5], [1, 17, 40, 33]])
 def test_fused_layers_are_bitwise_the_per_op_path(fmt, scaled, lens):
     if fmt == "w8a8" and not L.w8a8_supported():
-        pytest.skip("no AVX512_VNNI")
+        pytest.skip("no W8A8 kernel (AVX512_VNNI or AVX2)")
     model = _model(fmt, scaled=scaled)
     assert install(model)
     g = torch.Generator().manual_seed(3)

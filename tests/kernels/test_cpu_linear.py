@@ -86,7 +86,7 @@ def test_refuses_what_it_does_not_take():
         L.pack_int4(*quantize_int4(torch.randn(8, 64), 64), 64)   # per-channel int4
 
 
-@pytest.mark.skipif(not L.w8a8_supported(), reason="no AVX512_VNNI")
+@pytest.mark.skipif(not L.w8a8_supported(), reason="no W8A8 kernel (AVX512_VNNI or AVX2)")
 @pytest.mark.parametrize("n,k,m", [(50, 64, 1), (100, 576, 3), (576, 1536, 9), (33, 576, 300), (960, 576, 8)])
 def test_w8a8_agrees_with_its_reference_and_stays_near_fp32(n, k, m):
     gen = torch.Generator().manual_seed(n + k + m)
@@ -103,3 +103,7 @@ def test_w8a8_agrees_with_its_reference_and_stays_near_fp32(n, k, m):
         L.linear(x, p)
     with pytest.raises(ValueError):
         L.pack_w8a8(*quantize_int8(torch.randn(8, 40)))      # K % 16 != 0
+    codes, scale = quantize_int8(w)
+    codes[0, 0] = -128                                          # outside quantize_int8's range
+    with pytest.raises(ValueError, match="-127, 127"):
+        L.pack_w8a8(codes, scale)

@@ -62,7 +62,7 @@ def _greedy(llm: LLM) -> list[list[int]]:
                                      {"quantization": "w8a8"}, {"dtype": "bfloat16"}])
 def test_packed_model_generates_as_the_reference_path(tiny_dir, options, monkeypatch):
     if options.get("quantization") == "w8a8" and not packed_linear.w8a8_supported():
-        pytest.skip("no AVX512_VNNI: w8a8 serves the int8 weight-only kernel")
+        pytest.skip("no W8A8 kernel (AVX512_VNNI or AVX2): w8a8 serves the int8 weight-only kernel")
     llm = LLM(tiny_dir, kv_cache_memory=8 << 20, quant_cache=False, **options)
     model = llm.engine.model
     fmt = options.get("quantization", "bf16")[:4]

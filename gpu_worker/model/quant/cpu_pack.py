@@ -42,7 +42,7 @@ def packed_module(q: Int8Linear | Int4Linear, w8a8: bool = False) -> CpuPackedLi
 def pack_quantized(model: nn.Module, int8_activations: bool = False) -> int:
     """Swap model's quantized modules for packed ones, in place, where this CPU runs their
     kernel; with ``int8_activations`` (``--quantization w8a8``), per-channel INT8 ones go to
-    the W8A8 kernel where it runs (AVX512_VNNI), else to the weight-only INT8 one. Returns
+    the W8A8 kernel where it runs (AVX512_VNNI, or AVX2), else to the weight-only INT8 one. Returns
     how many were swapped."""
     targets = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
                if isinstance(child, (Int8Linear, Int4Linear))]
