@@ -4,10 +4,12 @@
  * The weight comes in tiles of TILE = 32 output channels, K-major inside a tile (one
  * contiguous stream per tile; see linear.py for each format's bytes). Work is split over
  * OpenMP threads by tile. Inside a tile, rows go in register blocks of up to RB (8 with
- * AVX-512, 4 with AVX2; linear.h): RB x 32 accumulators, each weight vector decoded once
- * per block and multiplied into every row with x broadcast from memory. With at most RB rows every weight byte is read once and
- * decoded once. With more rows, a quantized or bf16 tile is first decoded into a per-thread
- * float32 buffer of the fp32 layout ([K][32], in L2), which every row block then reads.
+ * AVX-512, 3 with AVX2; linear.h): RB x 32 accumulators, each weight vector decoded once
+ * per block and multiplied into every row with x broadcast from memory. With at most RB
+ * rows every weight byte is read once and decoded once. With more rows, a quantized or bf16
+ * tile is first decoded into a per-thread float32 buffer of the fp32 layout ([K][32], in
+ * L2), which every row block then reads (AVX2: f32 tiles too past HALF_ROWS rows, read
+ * half a tile at a time, f32_tile_rows).
  *
  * Numerics: int8 weights are q * scale (per-channel int8 at most RB rows: the codes' sum
  * over k, times the scale once), int4 q * scale + min in one fused multiply-add, bf16 exact;
