@@ -16,9 +16,11 @@
 #include "linear.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define W8A8_KERNEL 1
+typedef uint8_t xcode_t;   /* x's codes as vpdpbusd takes them: xq + 128, unsigned */
 
 /* xu[r][k] = round(x[r][k] / xs[r]) + 128; K % 16 == 0. */
-static void quantize_rows(const float *x, int64_t M, int64_t K, uint8_t *xu, float *xs) {
+static void quantize_rows(const float *x, int64_t M, int64_t K, xcode_t *xu, float *xs) {
     for (int64_t r = 0; r < M; r++) {
         const float *xr = x + r * K;
         __m512 amax = _mm512_setzero_ps();
@@ -36,7 +38,7 @@ static void quantize_rows(const float *x, int64_t M, int64_t K, uint8_t *xu, flo
 }
 
 /* R rows of xu against one tile (codes w [K/4][32][4], scale and comp [32]). */
-AI void w8a8_block(const int R, const uint8_t *xu, int64_t K, const float *xs, const int8_t *w, const float *scale,
+AI void w8a8_block(const int R, const xcode_t *xu, int64_t K, const float *xs, const int8_t *w, const float *scale,
                    const int32_t *comp, const float *bias, float *out, int64_t ldo, int cols) {
     __m512i acc[RB][2];
     for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm512_setzero_si512();
@@ -59,45 +61,9 @@ AI void w8a8_block(const int R, const uint8_t *xu, int64_t K, const float *xs, c
     store_rows(R, y, bias, out, ldo, cols);
 }
 
-typedef void (*w8a8_fn)(const uint8_t *, int64_t, const float *, const int8_t *, const float *, const int32_t *,
-                        const float *, float *, int64_t, int);
-#define W8A8(R)                                                                                        \
-    static void w8a8_##R(const uint8_t *xu, int64_t K, const float *xs, const int8_t *w, const float *s, \
-                         const int32_t *c, const float *b, float *out, int64_t ldo, int cols) {        \
-        w8a8_block(R, xu, K, xs, w, s, c, b, out, ldo, cols);                                          \
-    }
-W8A8(1) W8A8(2) W8A8(3) W8A8(4) W8A8(5) W8A8(6) W8A8(7) W8A8(8)
-static const w8a8_fn w8a8_blocks[RB + 1] = {NULL, w8a8_1, w8a8_2, w8a8_3, w8a8_4, w8a8_5, w8a8_6, w8a8_7, w8a8_8};
-
-int fleet_linear_w8a8_supported(void) { return 1; }
-
-int fleet_linear_w8a8(const float *x, int64_t M, int64_t N, int64_t K, const int8_t *codes, const float *scales,
-                      const int32_t *comps, const float *bias, float *out, int num_threads) {
-    if (K < 16 || K % 16 || N < 1 || M < 0) return 1;
-    uint8_t *xu = malloc((size_t)(M * K + 64));
-    float *xs = malloc((size_t)(M + 1) * sizeof(float));
-    if (!xu || !xs) {
-        free(xu);
-        free(xs);
-        return 3;
-    }
-    quantize_rows(x, M, K, xu, xs);
-    const int64_t tiles = (N + TILE - 1) / TILE;
-    #pragma omp parallel for schedule(static) num_threads(num_threads) if (tiles > 1 && M * N * K >= 65536)
-    for (int64_t i = 0; i < tiles; i++) {
-        const int cols = N - i * TILE < TILE ? (int)(N - i * TILE) : TILE;
-        for (int64_t r0 = 0; r0 < M; r0 += RB) {
-            const int R = M - r0 < RB ? (int)(M - r0) : RB;
-            w8a8_blocks[R](xu + r0 * K, K, xs + r0, codes + i * K * TILE, scales + i * TILE, comps + i * TILE,
-                           bias ? bias + i * TILE : NULL, out + r0 * N + i * TILE, N, cols);
-        }
-    }
-    free(xu);
-    free(xs);
-    return 0;
-}
-
 #elif defined(FLEET_AVX2)
+#define W8A8_KERNEL 1
+typedef int8_t xcode_t;    /* x's codes, signed */
 /* AVX2 has no vpdpbusd: vpmaddubsw multiplies unsigned by signed bytes into saturating int16
  * pairs. With the +128 offset a pair could reach 2 * 255 * 127 and saturate, so here x stays
  * signed and the sign moves onto the weight: |xq| * (q * sign(xq)), at most 2 * 127 * 127 per
@@ -105,7 +71,7 @@ int fleet_linear_w8a8(const float *x, int64_t M, int64_t N, int64_t K, const int
  * sum_k xq q, as with VNNI (comp is not needed), so the results are the same bits. */
 
 /* xq[r][k] = round(x[r][k] / xs[r]) in [-127, 127]; K % 16 == 0. */
-static void quantize_rows(const float *x, int64_t M, int64_t K, int8_t *xq, float *xs) {
+static void quantize_rows(const float *x, int64_t M, int64_t K, xcode_t *xq, float *xs) {
     for (int64_t r = 0; r < M; r++) {
         const float *xr = x + r * K;
         vf amax = vf_zero();
@@ -126,9 +92,10 @@ static void quantize_rows(const float *x, int64_t M, int64_t K, int8_t *xq, floa
     }
 }
 
-/* R rows of xq against one tile (codes w [K/4][32][4], scale [32]). */
-AI void w8a8_block(const int R, const int8_t *xq, int64_t K, const float *xs, const int8_t *w, const float *scale,
-                   const float *bias, float *out, int64_t ldo, int cols) {
+/* R rows of xq against one tile (codes w [K/4][32][4], scale [32]; comp is not needed). */
+AI void w8a8_block(const int R, const xcode_t *xq, int64_t K, const float *xs, const int8_t *w, const float *scale,
+                   const int32_t *comp, const float *bias, float *out, int64_t ldo, int cols) {
+    (void)comp;
     __m256i acc[RB][4];
     const __m256i ones = _mm256_set1_epi16(1);
     for (int r = 0; r < R; r++)
@@ -156,41 +123,48 @@ AI void w8a8_block(const int R, const int8_t *xq, int64_t K, const float *xs, co
     store_rows(R, y, bias, out, ldo, cols);
 }
 
-typedef void (*w8a8_fn)(const int8_t *, int64_t, const float *, const int8_t *, const float *, const float *,
-                        float *, int64_t, int);
-#define W8A8(R)                                                                                               \
-    static void w8a8_##R(const int8_t *xq, int64_t K, const float *xs, const int8_t *w, const float *s,         \
-                         const float *b, float *out, int64_t ldo, int cols) {                                 \
-        w8a8_block(R, xq, K, xs, w, s, b, out, ldo, cols);                                                    \
+#endif
+
+#if defined(W8A8_KERNEL)
+typedef void (*w8a8_fn)(const xcode_t *, int64_t, const float *, const int8_t *, const float *, const int32_t *,
+                        const float *, float *, int64_t, int);
+#define W8A8(R)                                                                                        \
+    static void w8a8_##R(const xcode_t *xu, int64_t K, const float *xs, const int8_t *w, const float *s, \
+                         const int32_t *c, const float *b, float *out, int64_t ldo, int cols) {        \
+        w8a8_block(R, xu, K, xs, w, s, c, b, out, ldo, cols);                                          \
     }
 W8A8(1) W8A8(2) W8A8(3)
+#if RB == 8
+W8A8(4) W8A8(5) W8A8(6) W8A8(7) W8A8(8)
+static const w8a8_fn w8a8_blocks[RB + 1] = {NULL, w8a8_1, w8a8_2, w8a8_3, w8a8_4, w8a8_5, w8a8_6, w8a8_7, w8a8_8};
+#else
 static const w8a8_fn w8a8_blocks[RB + 1] = {NULL, w8a8_1, w8a8_2, w8a8_3};
+#endif
 
 int fleet_linear_w8a8_supported(void) { return 1; }
 
 int fleet_linear_w8a8(const float *x, int64_t M, int64_t N, int64_t K, const int8_t *codes, const float *scales,
                       const int32_t *comps, const float *bias, float *out, int num_threads) {
-    (void)comps;
     if (K < 16 || K % 16 || N < 1 || M < 0) return 1;
-    int8_t *xq = malloc((size_t)(M * K + 64));
+    xcode_t *xu = malloc((size_t)(M * K + 64));
     float *xs = malloc((size_t)(M + 1) * sizeof(float));
-    if (!xq || !xs) {
-        free(xq);
+    if (!xu || !xs) {
+        free(xu);
         free(xs);
         return 3;
     }
-    quantize_rows(x, M, K, xq, xs);
+    quantize_rows(x, M, K, xu, xs);
     const int64_t tiles = (N + TILE - 1) / TILE;
     #pragma omp parallel for schedule(static) num_threads(num_threads) if (tiles > 1 && M * N * K >= 65536)
     for (int64_t i = 0; i < tiles; i++) {
         const int cols = N - i * TILE < TILE ? (int)(N - i * TILE) : TILE;
         for (int64_t r0 = 0; r0 < M; r0 += RB) {
             const int R = M - r0 < RB ? (int)(M - r0) : RB;
-            w8a8_blocks[R](xq + r0 * K, K, xs + r0, codes + i * K * TILE, scales + i * TILE,
+            w8a8_blocks[R](xu + r0 * K, K, xs + r0, codes + i * K * TILE, scales + i * TILE, comps + i * TILE,
                            bias ? bias + i * TILE : NULL, out + r0 * N + i * TILE, N, cols);
         }
     }
-    free(xq);
+    free(xu);
     free(xs);
     return 0;
 }
