@@ -32,6 +32,7 @@ typedef struct {        /* one tile of a packed weight */
     const float *scales, *mins;   /* [K / G][TILE] each, int8/int4 */
     int64_t k, group;
     const float *xsum;  /* int4, at most RB / 2 rows: [rows][K / G] sums of x over each group */
+    pf_t pf;            /* prefetched beside the k loop (linear.h) */
 } tile_t;
 
 AI void bf16_pair(const uint16_t *p, vf w[2]) {
@@ -71,7 +72,8 @@ AI void fma_rows(const int R, vf acc[RB][2], const float *x, int64_t ldx, int64_
 }
 
 /* The weights of one k (f32, bf16, int8) into w[0..1], or of the k pair at k (int4) into w[0..3]. */
-AI void decode(const int fmt, const tile_t *t, int64_t k, const vf s[2], const vf m[2], vf *w) {
+AI void decode(const int fmt, const int pf, const tile_t *t, int64_t k, const vf s[2], const vf m[2], vf *w) {
+    if (pf) pf_k(t->pf, k, fmt == FMT_INT4 ? 2 : 1);
     if (fmt == FMT_F32) load_pair((const float *)t->data + k * TILE, w);
     else if (fmt == FMT_BF16) bf16_pair((const uint16_t *)t->data + k * TILE, w);
     else if (fmt == FMT_INT8) int8_pair((const int8_t *)t->data + k * TILE, s, w);
@@ -81,7 +83,7 @@ AI void decode(const int fmt, const tile_t *t, int64_t k, const vf s[2], const v
 
 /* Rows k0 <= k < k1 of the tile into S accumulator sets (k rotates over the sets), so that
  * a block of few rows still has S x R independent chains of fused multiply-adds. */
-AI void span(const int fmt, const int R, const int S, vf acc[RB][2], const float *x, int64_t ldx,
+AI void span(const int fmt, const int pf, const int R, const int S, vf acc[RB][2], const float *x, int64_t ldx,
              const tile_t *t, int64_t k0, int64_t k1, const vf s[2], const vf m[2]) {
     vf w[4];
     const int step = fmt == FMT_INT4 ? 2 : 1;   /* k per decode */
@@ -89,12 +91,12 @@ AI void span(const int fmt, const int R, const int S, vf acc[RB][2], const float
     int64_t k = k0;
     for (; k + unroll <= k1; k += unroll) {
         for (int j = 0; j < unroll; j += step) {
-            decode(fmt, t, k + j, s, m, w);
+            decode(fmt, pf, t, k + j, s, m, w);
             for (int h = 0; h < step; h++) fma_rows(R, acc + (j + h) % S * R, x, ldx, k + j + h, w + 2 * h);
         }
     }
     for (; k < k1; k += step) {
-        decode(fmt, t, k, s, m, w);
+        decode(fmt, pf, t, k, s, m, w);
         for (int h = 0; h < step; h++) fma_rows(R, acc, x, ldx, k + h, w + 2 * h);
     }
 }
@@ -102,7 +104,8 @@ AI void span(const int fmt, const int R, const int S, vf acc[RB][2], const float
 /* int4 for a block of at most RB / 2 rows: per group, p = sum of x * q (the bare codes, in
  * sets as in span), then acc += scale * p + min * sum of x; fewer operations per byte than
  * dequantizing each weight. */
-AI void accumulate_int4_folded(const int R, vf acc[RB][2], const float *x, int64_t ldx, const tile_t *t) {
+AI void accumulate_int4_folded(const int pf, const int R, vf acc[RB][2], const float *x, int64_t ldx,
+                                const tile_t *t) {
     const int S = SETS_INT4(R);
     const int64_t K = t->k, G = t->group;
     for (int64_t g = 0, k0 = 0; k0 < K; g++, k0 += G) {
@@ -111,6 +114,7 @@ AI void accumulate_int4_folded(const int R, vf acc[RB][2], const float *x, int64
         for (int64_t k = k0; k < k0 + G; k += 2 * S) {
             for (int j = 0; j < 2 * S; j += 2) {
                 const uint8_t *b = (const uint8_t *)t->data + (k + j) / 2 * TILE;
+                if (pf) pf_k(t->pf, k + j, 2);
                 for (int h = 0; h < 2; h++) vf_from_nibbles(b + 16 * h, &w[h], &w[2 + h]);
                 fma_rows(R, p + j % S * R, x, ldx, k + j, w);
                 fma_rows(R, p + (j + 1) % S * R, x, ldx, k + j + 1, w + 2);
@@ -130,23 +134,24 @@ AI void accumulate_int4_folded(const int R, vf acc[RB][2], const float *x, int64
 
 /* The accumulators of R rows over one tile, every k, weights decoded from fmt; acc holds
  * RB rows, of which S x R <= RB serve as S sets, summed into the first R at the end. */
-AI void accumulate(const int fmt, const int R, vf acc[RB][2], const float *x, int64_t ldx, const tile_t *t) {
+AI void accumulate(const int fmt, const int pf, const int R, vf acc[RB][2], const float *x, int64_t ldx,
+                   const tile_t *t) {
     const int S = SETS(R);
     vf s[2], m[2];
     if (fmt == FMT_INT4 && R <= RB / 2) {
-        accumulate_int4_folded(R, acc, x, ldx, t);
+        accumulate_int4_folded(pf, R, acc, x, ldx, t);
         return;
     }
     const int64_t K = t->k, G = fmt >= FMT_INT8 ? t->group : t->k;
     const int channel = fmt == FMT_INT8 && G == K;   /* per-channel int8: the scale factors out of the sum */
     for (int64_t g = 0, k0 = 0; k0 < K; g++, k0 += G) {
         if (channel) {
-            span(FMT_CODES8, R, S, acc, x, ldx, t, 0, K, s, m);
+            span(FMT_CODES8, pf, R, S, acc, x, ldx, t, 0, K, s, m);
             break;
         }
         if (fmt >= FMT_INT8) load_pair(t->scales + g * TILE, s);
         if (fmt == FMT_INT4) load_pair(t->mins + g * TILE, m);
-        span(fmt, R, S, acc, x, ldx, t, k0, k0 + G, s, m);
+        span(fmt, pf, R, S, acc, x, ldx, t, k0, k0 + G, s, m);
     }
     for (int j = 1; j < S; j++)
         for (int r = 0; r < R; r++)
@@ -166,7 +171,8 @@ typedef void (*block_fn)(const float *x, int64_t ldx, const tile_t *t, const flo
                                   float *out, int64_t ldo, int cols) {                           \
         vf acc[RB][2];                                                                            \
         for (int r = 0; r < RB; r++) acc[r][0] = acc[r][1] = vf_zero();                           \
-        accumulate(FMT, R, acc, x, ldx, t);                                                       \
+        if (t->pf.p) accumulate(FMT, 1, R, acc, x, ldx, t); /* two copies: no test in the k loop */  \
+        else accumulate(FMT, 0, R, acc, x, ldx, t);                                               \
         store_rows(R, acc, bias, out, ldo, cols);                                                 \
     }
 #define BLOCKS4(FMT) BLOCK(FMT, 1) BLOCK(FMT, 2) BLOCK(FMT, 3) BLOCK(FMT, 4)
@@ -249,21 +255,25 @@ static void decode_tile(int fmt, const tile_t *t, float *buf) {
         if (fmt == FMT_INT4) load_pair(t->mins + g * TILE, m);
         for (int64_t k = k0; k < k0 + G; k += step) {
             switch (fmt) {   /* constant formats, so that each case inlines its own decode */
-            case FMT_BF16: decode(FMT_BF16, t, k, s, m, w); break;
-            case FMT_INT8: decode(FMT_INT8, t, k, s, m, w); break;
-            default: decode(FMT_INT4, t, k, s, m, w);
+            case FMT_BF16: decode(FMT_BF16, 0, t, k, s, m, w); break;
+            case FMT_INT8: decode(FMT_INT8, 0, t, k, s, m, w); break;
+            default: decode(FMT_INT4, 0, t, k, s, m, w);
             }
             for (int j = 0; j < 2 * step; j++) vf_store(buf + k * TILE + 16 * j, w[j]);
         }
     }
 }
 
+static int64_t tile_bytes(int fmt, int64_t K) {
+    static const int64_t bits[FMT_COUNT] = {32, 16, 8, 4};
+    return K * TILE * bits[fmt] / 8;
+}
+
 /* Tile i of the packed weight: its bytes and scales. */
 static tile_t tile_at(int fmt, const void *data, const float *scales, const float *mins, int64_t K, int64_t G,
                       int64_t i) {
-    static const int64_t bits[FMT_COUNT] = {32, 16, 8, 4};
     const int64_t groups = G ? K / G : 0;
-    tile_t t = {(const char *)data + i * K * TILE * bits[fmt] / 8, NULL, NULL, K, G, NULL};
+    tile_t t = {(const char *)data + i * tile_bytes(fmt, K), NULL, NULL, K, G, NULL, {NULL, 0}};
     if (scales) t.scales = scales + i * groups * TILE;
     if (mins) t.mins = mins + i * groups * TILE;
     return t;
@@ -306,10 +316,11 @@ int fleet_linear(int fmt, const float *x, int64_t M, int64_t N, int64_t K, int64
         for (int64_t i = 0; i < tiles; i++) {
             if (!direct && !buf) continue;
             tile_t t = tile_at(fmt, data, scales, mins, K, G, i);
+            const char *own = t.data;
             int f = fmt;
             if (!direct) {
                 decode_tile(fmt, &t, buf);
-                t = (tile_t){buf, NULL, NULL, K, 0, NULL};
+                t = (tile_t){buf, NULL, NULL, K, 0, NULL, {NULL, 0}};
                 f = FMT_F32;
             }
             const int cols = N - i * TILE < TILE ? (int)(N - i * TILE) : TILE;
@@ -322,6 +333,7 @@ int fleet_linear(int fmt, const float *x, int64_t M, int64_t N, int64_t K, int64
             for (int64_t r0 = 0; r0 < M; r0 += RB) {
                 const int R = M - r0 < RB ? (int)(M - r0) : RB;
                 t.xsum = xsum ? xsum + r0 * (K / G) : NULL;
+                t.pf = pf_plan(own, tile_bytes(fmt, K), K, M, r0 / RB);
                 blocks[f][R](x + r0 * K, K, &t, bias ? bias + i * TILE : NULL, out + r0 * N + i * TILE, N, cols);
             }
         }

@@ -15,6 +15,7 @@
 
 #include "linear.h"
 
+
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #define W8A8_KERNEL 1
 typedef uint8_t xcode_t;   /* x's codes as vpdpbusd takes them: xq + 128, unsigned */
@@ -39,10 +40,11 @@ static void quantize_rows(const float *x, int64_t M, int64_t K, xcode_t *xu, flo
 
 /* R rows of xu against one tile (codes w [K/4][32][4], scale and comp [32]). */
 AI void w8a8_block(const int R, const xcode_t *xu, int64_t K, const float *xs, const int8_t *w, const float *scale,
-                   const int32_t *comp, const float *bias, float *out, int64_t ldo, int cols) {
+                   const int32_t *comp, const float *bias, float *out, int64_t ldo, int cols, pf_t pf, const int use_pf) {
     __m512i acc[RB][2];
     for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm512_setzero_si512();
     for (int64_t k = 0; k < K; k += 4) {
+        if (use_pf) pf_k(pf, k, 4);
         const __m512i w0 = _mm512_loadu_si512(w + k * TILE), w1 = _mm512_loadu_si512(w + k * TILE + 64);
         for (int r = 0; r < R; r++) {
             const __m512i xb = _mm512_set1_epi32(*(const int32_t *)(xu + r * K + k));
@@ -94,13 +96,14 @@ static void quantize_rows(const float *x, int64_t M, int64_t K, xcode_t *xq, flo
 
 /* R rows of xq against one tile (codes w [K/4][32][4], scale [32]; comp is not needed). */
 AI void w8a8_block(const int R, const xcode_t *xq, int64_t K, const float *xs, const int8_t *w, const float *scale,
-                   const int32_t *comp, const float *bias, float *out, int64_t ldo, int cols) {
+                   const int32_t *comp, const float *bias, float *out, int64_t ldo, int cols, pf_t pf, const int use_pf) {
     (void)comp;
     __m256i acc[RB][4];
     const __m256i ones = _mm256_set1_epi16(1);
     for (int r = 0; r < R; r++)
         for (int j = 0; j < 4; j++) acc[r][j] = _mm256_setzero_si256();
     for (int64_t k = 0; k < K; k += 4) {
+        if (use_pf) pf_k(pf, k, 4);
         __m256i wv[4];
         for (int j = 0; j < 4; j++) wv[j] = _mm256_loadu_si256((const __m256i *)(w + k * TILE + 32 * j));
         for (int r = 0; r < R; r++) {
@@ -127,11 +130,12 @@ AI void w8a8_block(const int R, const xcode_t *xq, int64_t K, const float *xs, c
 
 #if defined(W8A8_KERNEL)
 typedef void (*w8a8_fn)(const xcode_t *, int64_t, const float *, const int8_t *, const float *, const int32_t *,
-                        const float *, float *, int64_t, int);
+                        const float *, float *, int64_t, int, pf_t);
 #define W8A8(R)                                                                                        \
     static void w8a8_##R(const xcode_t *xu, int64_t K, const float *xs, const int8_t *w, const float *s, \
-                         const int32_t *c, const float *b, float *out, int64_t ldo, int cols) {        \
-        w8a8_block(R, xu, K, xs, w, s, c, b, out, ldo, cols);                                          \
+                         const int32_t *c, const float *b, float *out, int64_t ldo, int cols, pf_t pf) { \
+        if (pf.p) w8a8_block(R, xu, K, xs, w, s, c, b, out, ldo, cols, pf, 1);                         \
+        else w8a8_block(R, xu, K, xs, w, s, c, b, out, ldo, cols, pf, 0);                              \
     }
 W8A8(1) W8A8(2) W8A8(3)
 #if RB == 8
@@ -161,7 +165,8 @@ int fleet_linear_w8a8(const float *x, int64_t M, int64_t N, int64_t K, const int
         for (int64_t r0 = 0; r0 < M; r0 += RB) {
             const int R = M - r0 < RB ? (int)(M - r0) : RB;
             w8a8_blocks[R](xu + r0 * K, K, xs + r0, codes + i * K * TILE, scales + i * TILE, comps + i * TILE,
-                           bias ? bias + i * TILE : NULL, out + r0 * N + i * TILE, N, cols);
+                           bias ? bias + i * TILE : NULL, out + r0 * N + i * TILE, N, cols,
+                           pf_plan((const char *)(codes + i * K * TILE), K * TILE, K, M, r0 / RB));
         }
     }
     free(xu);
