@@ -30,6 +30,13 @@
  * 10.1 ms, int8 8 rows 7.9 -> 4.2, bf16 16 rows 17.9 -> 10.2), 1-6 and 256-1,024 rows level. */
 #define PF_AHEAD 8192
 #define PF_BLOCKS 32   /* past this many blocks a tile's compute hides its fetch */
+/* AVX2's 3-row blocks ran 8-16 rows 1.2-1.4x slower with it (the AVX2 build on the same Zen 5,
+ * f32/int8/int4), 1-4 rows level: off there. */
+#if defined(FLEET_AVX512)
+#define PF_ON 1
+#else
+#define PF_ON 0
+#endif
 typedef struct {
     const char *p;   /* what goes with k = 0, or NULL */
     int64_t step;    /* bytes a k */
@@ -37,7 +44,7 @@ typedef struct {
 
 AI pf_t pf_plan(const char *own, int64_t bytes, int64_t K, int64_t M, int64_t b) {
     const int64_t full = M / RB;   /* blocks of RB rows; a last, smaller one prefetches nothing */
-    if (b >= full || full > PF_BLOCKS) return (pf_t){NULL, 0};
+    if (!PF_ON || b >= full || full > PF_BLOCKS) return (pf_t){NULL, 0};
     if (M == RB) return (pf_t){own + PF_AHEAD, bytes / K};
     const int64_t chunk = (bytes + full - 1) / full;
     return (pf_t){own + bytes + b * chunk, (chunk + K - 1) / K};
