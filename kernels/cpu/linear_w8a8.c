@@ -15,7 +15,6 @@
 
 #include "linear.h"
 
-
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #define W8A8_KERNEL 1
 typedef uint8_t xcode_t;   /* x's codes as vpdpbusd takes them: xq + 128, unsigned */
@@ -40,7 +39,8 @@ static void quantize_rows(const float *x, int64_t M, int64_t K, xcode_t *xu, flo
 
 /* R rows of xu against one tile (codes w [K/4][32][4], scale and comp [32]). */
 AI void w8a8_block(const int R, const xcode_t *xu, int64_t K, const float *xs, const int8_t *w, const float *scale,
-                   const int32_t *comp, const float *bias, float *out, int64_t ldo, int cols, pf_t pf, const int use_pf) {
+                   const int32_t *comp, const float *bias, float *out, int64_t ldo, int cols, pf_t pf,
+                   const int use_pf) {
     __m512i acc[RB][2];
     for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm512_setzero_si512();
     for (int64_t k = 0; k < K; k += 4) {
@@ -96,7 +96,8 @@ static void quantize_rows(const float *x, int64_t M, int64_t K, xcode_t *xq, flo
 
 /* R rows of xq against one tile (codes w [K/4][32][4], scale [32]; comp is not needed). */
 AI void w8a8_block(const int R, const xcode_t *xq, int64_t K, const float *xs, const int8_t *w, const float *scale,
-                   const int32_t *comp, const float *bias, float *out, int64_t ldo, int cols, pf_t pf, const int use_pf) {
+                   const int32_t *comp, const float *bias, float *out, int64_t ldo, int cols, pf_t pf,
+                   const int use_pf) {
     (void)comp;
     __m256i acc[RB][4];
     const __m256i ones = _mm256_set1_epi16(1);
