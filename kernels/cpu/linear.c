@@ -299,6 +299,7 @@ int fleet_linear(int fmt, const float *x, int64_t M, int64_t N, int64_t K, int64
     if (!fleet_linear_supported(fmt) || K < 1 || N < 1 || M < 0) return 1;
     if (fmt >= FMT_INT8 && (G < 1 || K % G || (fmt == FMT_INT4 && G % 8))) return 2;
     const int64_t tiles = (N + TILE - 1) / TILE;
+    const int64_t bytes = tile_bytes(fmt, K);   /* of one packed tile, for the prefetch */
 #if defined(FLEET_AVX2)
     /* f32 goes through the buffer past HALF_ROWS rows, for f32_tile_rows. */
     const int direct = M <= RB || (fmt == FMT_F32 && M <= HALF_ROWS);
@@ -333,7 +334,7 @@ int fleet_linear(int fmt, const float *x, int64_t M, int64_t N, int64_t K, int64
             for (int64_t r0 = 0; r0 < M; r0 += RB) {
                 const int R = M - r0 < RB ? (int)(M - r0) : RB;
                 t.xsum = xsum ? xsum + r0 * (K / G) : NULL;
-                t.pf = pf_plan(own, tile_bytes(fmt, K), K, M, r0 / RB);
+                t.pf = pf_plan(own, bytes, K, M, r0 / RB);
                 blocks[f][R](x + r0 * K, K, &t, bias ? bias + i * TILE : NULL, out + r0 * N + i * TILE, N, cols);
             }
         }
