@@ -36,7 +36,9 @@ def build_model(config: EngineConfig, cfg: ModelConfig, model_dir: Path, max_mod
     With the ``cpu`` ops backend (the C kernels), quantized projections run on the packed
     int8/int4 kernels (``ops/cpu_linear.py``), and ``dtype="bfloat16"`` means bfloat16
     *weights* only: the projections and the LM head are packed as bf16 tiles while the
-    activations, norms, embedding, KV cache and attention stay float32 (:func:`activation_dtype`).
+    activations, norms, embedding, KV cache and attention stay float32 (:func:`activation_dtype`;
+    on a CPU with AMX, bf16 matmuls of 16 rows or more round their input to bf16 for the tile
+    unit, ``kernels/cpu/linear_amx.c``).
     float32 weights are packed as f32 tiles for the same kernels. Elsewhere the model is
     cast to ``dtype`` whole, and oneDNN packs fp32/bf16 projections."""
     device = torch.device(config.device)

@@ -28,7 +28,8 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-SOURCES = ("paged_decode.c", "paged_prefill.c", "glue.c", "linear.c", "linear_w8a8.c", "decode_layers.c")
+SOURCES = ("paged_decode.c", "paged_prefill.c", "glue.c", "linear.c", "linear_amx.c", "linear_w8a8.c",
+           "decode_layers.c")
 HEADERS = ("simd.h", "paged.h", "linear.h")
 # -ffp-contract=off: no fused multiply-adds beyond the ones the kernels ask for, so the glue
 # rounds as torch does (glue.c).
@@ -45,6 +46,8 @@ class CpuKernels:
         lib = ctypes.CDLL(str(path))
         # The vector instruction set of the build (simd.h), or None: portable loops only.
         self.simd = {2: "avx512", 1: "avx2"}.get(_fn(lib.fleet_simd)())
+        # bf16 matmuls of this many rows or more run on AMX tiles, x rounded to bf16 (linear_amx.c); 0: none.
+        self.amx_rows = _fn(lib.fleet_amx_rows)()
         self._decode = _fn(lib.fleet_paged_decode_f32, _P, _I64, _P, _P, _P, _I64, _P, _I64, _I64, _I64, _I64,
                            _I64, ctypes.c_float, _P, ctypes.c_int)
         self._add_rms_norm = _fn(lib.fleet_add_rms_norm_f32, _P, _P, _P, _P, _I64, _I64, ctypes.c_float, ctypes.c_int)

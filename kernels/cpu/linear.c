@@ -298,6 +298,7 @@ int fleet_linear(int fmt, const float *x, int64_t M, int64_t N, int64_t K, int64
                  const float *scales, const float *mins, const float *bias, float *out, int num_threads) {
     if (!fleet_linear_supported(fmt) || K < 1 || N < 1 || M < 0) return 1;
     if (fmt >= FMT_INT8 && (G < 1 || K % G || (fmt == FMT_INT4 && G % 8))) return 2;
+    if (fmt == FMT_BF16 && M >= AMX_ROWS && !fleet_linear_amx(x, M, N, K, data, bias, out, num_threads)) return 0;
     const int64_t tiles = (N + TILE - 1) / TILE;
     const int64_t bytes = tile_bytes(fmt, K);   /* of one packed tile, for the prefetch */
 #if defined(FLEET_AVX2)

@@ -8,6 +8,16 @@
 
 #define TILE 32        /* output channels per tile of a packed weight */
 
+/* bf16 and W8A8 calls of at least AMX_ROWS rows go to the AMX tiles where the CPU has them
+ * (linear_amx.c; bf16 rounds x to bf16 there); the two return nonzero when they did not run. */
+#define AMX_ROWS 16
+int fleet_amx_ready(void);
+int fleet_amx_rows(void);   /* AMX_ROWS where the AMX path runs, else 0 */
+int fleet_linear_amx(const float *x, int64_t M, int64_t N, int64_t K, const void *data, const float *bias,
+                     float *out, int num_threads);
+int fleet_w8a8_amx(const uint8_t *xu, const float *xs, int64_t M, int64_t N, int64_t K, const int8_t *codes,
+                   const float *scales, const int32_t *comps, const float *bias, float *out, int num_threads);
+
 #if defined(FLEET_AVX512)
 #define RB 8           /* rows per register block (32 zmm registers) */
 /* Accumulator sets for a block of R rows (independent chains of fused multiply-adds; S x R <= RB). */

@@ -146,8 +146,17 @@ def dequantize(w: PackedWeight) -> torch.Tensor:
 
 
 def reference_linear(x: torch.Tensor, w: PackedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """Pure torch: dequantize, then ``F.linear`` in float32 (the kernels' test oracle)."""
+    """Pure torch: dequantize, then ``F.linear`` in float32 (the kernels' test oracle), with x
+    rounded to bfloat16 first where the kernels do that (:func:`rounds_x`)."""
+    x = x.bfloat16() if rounds_x(w, x.shape[0]) else x
     return F.linear(x.float(), dequantize(w), None if bias is None else bias.float())
+
+
+def rounds_x(w: PackedWeight, rows: int) -> bool:
+    """Whether the kernels round x to bfloat16 for a call of ``rows`` rows over ``w``: bf16
+    weights on a CPU with AMX, from ``amx_rows`` rows (``linear_amx.c``), K a multiple of 32."""
+    lib = _library()
+    return w.fmt == "bf16" and lib is not None and 0 < lib.amx_rows <= rows and w.k % 32 == 0
 
 
 def _library():

@@ -8,10 +8,12 @@
  * scale [N], and comp[n] = 128 * sum_k q[n][k], which takes the +128 back out:
  *   y[r][n] = xs[r] * scale[n] * (sum_k (xq + 128) q - comp[n]) (+ b[n]).
  * Sums are exact in int32 (|sum| < 2^31 for K < 33,000); the float conversion and the two
- * scalings round.
+ * scalings round. From AMX_ROWS rows on a CPU with AMX-INT8 the same sums come from the tile
+ * unit (linear_amx.c): the same bits.
  */
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "linear.h"
 
@@ -151,7 +153,8 @@ int fleet_linear_w8a8_supported(void) { return 1; }
 int fleet_linear_w8a8(const float *x, int64_t M, int64_t N, int64_t K, const int8_t *codes, const float *scales,
                       const int32_t *comps, const float *bias, float *out, int num_threads) {
     if (K < 16 || K % 16 || N < 1 || M < 0) return 1;
-    xcode_t *xu = malloc((size_t)(M * K + 64));
+    const int64_t padded = (M + 31) / 32 * 32;   /* the AMX path reads x's codes in blocks of 32 rows */
+    xcode_t *xu = malloc((size_t)(padded * K + 64));
     float *xs = malloc((size_t)(M + 1) * sizeof(float));
     if (!xu || !xs) {
         free(xu);
@@ -159,6 +162,16 @@ int fleet_linear_w8a8(const float *x, int64_t M, int64_t N, int64_t K, const int
         return 3;
     }
     quantize_rows(x, M, K, xu, xs);
+#if defined(__AVX512VNNI__)
+    if (M >= AMX_ROWS) {
+        memset(xu + M * K, 128, (size_t)((padded - M) * K));   /* zero codes in the padding */
+        if (!fleet_w8a8_amx(xu, xs, M, N, K, codes, scales, comps, bias, out, num_threads)) {
+            free(xu);
+            free(xs);
+            return 0;
+        }
+    }
+#endif
     const int64_t tiles = (N + TILE - 1) / TILE;
     #pragma omp parallel for schedule(static) num_threads(num_threads) if (tiles > 1 && M * N * K >= 65536)
     for (int64_t i = 0; i < tiles; i++) {

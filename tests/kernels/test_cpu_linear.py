@@ -1,7 +1,8 @@
 """The C matmuls over packed weights (kernels/cpu/linear.c through kernels/cpu/linear.py):
 every format, group size, row count (register blocks and the decoded-tile path) and a
 channel count that is not a multiple of the tile must agree with the dequantized weight's
-float64 product to float32 rounding, with and without bias."""
+float64 product to float32 rounding, with and without bias. On a CPU with AMX, bf16 calls of
+many rows round x to bf16 first (linear_amx.c), and the oracle does the same."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -25,8 +26,10 @@ def _pack(fmt: str, w: torch.Tensor, group: int | None) -> L.PackedWeight:
 
 
 def _assert_close(y: torch.Tensor, x: torch.Tensor, w: L.PackedWeight, bias: torch.Tensor | None) -> None:
-    """Within a float32 summation's rounding of the float64 product of x and the dequantized weight."""
+    """Within a float32 summation's rounding of the float64 product of x (rounded to bf16 where
+    the kernels do that) and the dequantized weight."""
     wd = L.dequantize(w).double()
+    x = x.bfloat16() if L.rounds_x(w, x.shape[0]) else x
     exact = x.double() @ wd.T + (0 if bias is None else bias.double())
     scale = x.double().abs() @ wd.abs().T + (0 if bias is None else bias.double().abs())
     err = (y.double() - exact).abs()
@@ -51,6 +54,26 @@ def test_agrees_with_the_dequantized_product(fmt, n, k, group, m):
     y = L.linear(x, w, bias)
     _assert_close(y, x, w, bias)
     torch.testing.assert_close(y, L.reference_linear(x, w, bias), rtol=1e-4, atol=1e-4)
+
+
+def _amx_rows() -> int:
+    lib = L._library()
+    return lib.amx_rows if lib is not None else 0
+
+
+@pytest.mark.skipif(not _amx_rows(), reason="this CPU (or build) has no AMX: bf16 keeps the AVX-512 path")
+@pytest.mark.parametrize("m", [16, 40, 300])
+def test_amx_rounds_x_to_bf16_from_its_row_count_and_only_there(m):
+    gen = torch.Generator().manual_seed(m)
+    w = L.pack_bf16(torch.randn(70, 576, generator=gen) * 0.05)
+    x, bias = torch.randn(max(m, _amx_rows()), 576, generator=gen), torch.randn(70, generator=gen)
+    wd = L.dequantize(w)
+    torch.testing.assert_close(L.linear(x, w, bias), F.linear(x.bfloat16().float(), wd, bias), rtol=1e-5, atol=1e-5)
+    few = x[:_amx_rows() - 1]   # below the AMX row count: x is used as it is
+    torch.testing.assert_close(L.linear(few, w, bias), F.linear(few, wd, bias), rtol=1e-5, atol=1e-5)
+    odd = L.pack_bf16(torch.randn(70, 80, generator=gen))   # K not a multiple of 32: no AMX either
+    x80 = torch.randn(m, 80, generator=gen)
+    torch.testing.assert_close(L.linear(x80, odd), F.linear(x80, L.dequantize(odd)), rtol=1e-5, atol=1e-5)
 
 
 def test_out_is_written_and_rows_zero_work():
@@ -84,6 +107,18 @@ def test_refuses_what_it_does_not_take():
         L.pack_int8(*quantize_int8(torch.randn(8, 96), 24))       # 24 is not a multiple of 16
     with pytest.raises(ValueError):
         L.pack_int4(*quantize_int4(torch.randn(8, 64), 64), 64)   # per-channel int4
+
+
+@pytest.mark.skipif(not L.w8a8_supported(), reason="no W8A8 kernel (AVX512_VNNI or AVX2)")
+@pytest.mark.parametrize("n,k,m", [(70, 576, 40), (576, 1536, 64), (40, 96, 17)])
+def test_w8a8_rows_do_not_depend_on_the_batch(n, k, m):
+    """Each row's result is the same bits whether it comes alone (register blocks) or in a
+    batch of many rows (the AMX tiles, where the CPU has them): the int32 sums are exact."""
+    gen = torch.Generator().manual_seed(n + k + m)
+    p = L.pack_w8a8(*quantize_int8(torch.randn(n, k, generator=gen) * 0.05))
+    x, bias = torch.randn(m, k, generator=gen) * 3, torch.randn(n, generator=gen)
+    alone = torch.cat([L.linear_w8a8(x[r:r + 1], p, bias) for r in range(m)])
+    assert torch.equal(L.linear_w8a8(x, p, bias), alone)
 
 
 @pytest.mark.skipif(not L.w8a8_supported(), reason="no W8A8 kernel (AVX512_VNNI or AVX2)")

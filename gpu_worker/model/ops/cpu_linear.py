@@ -3,7 +3,8 @@
 A :class:`CpuPackedLinear` holds one ``kernels.cpu.linear.PackedWeight`` (f32, bf16, int8,
 int4 or W8A8 tiles, packed once at load) and computes ``y = (x / input_scale) W^T (+ b)`` in float32:
 the kernels read the small weights directly and dequantize in registers, so int8 streams a
-quarter of fp32's bytes and bf16 half. Activations, bias and input scale stay float32.
+quarter of fp32's bytes and bf16 half. Activations, bias and input scale stay float32 (but
+for the AMX tiles: bf16 calls of many rows round x to bf16 there, ``linear_amx.c``).
 
 Where a format's kernel does not run on this CPU (``supported(fmt)`` false: neither AVX-512
 nor AVX2, or the C kernels did not build), the callers keep their previous path instead of packing, and

@@ -25,6 +25,7 @@ def loaded_kernels():
 
                 _kernels = load(cache_root() / "cpu-kernels")
                 if _kernels is not None:
-                    logger.info("CPU kernels: %s (%s)", _kernels.path.name, _kernels.simd or "portable loops only")
+                    logger.info("CPU kernels: %s (%s%s)", _kernels.path.name, _kernels.simd or "portable loops only",
+                                ", AMX for bf16" if _kernels.amx_rows else "")
                 _loaded = True
     return _kernels

@@ -1,0 +1,212 @@
+/* bf16 matmuls on Intel AMX (the tile matrix multiply unit of Xeon Sapphire Rapids and later):
+ * y = bf16(x) W^T (+ b) over the bf16 tiles of linear.py, for fleet_linear's calls of at least
+ * AMX_ROWS rows (linear.h). Each product of two bf16 values is exact in float32 and the sums are
+ * float32, so the one difference from the AVX-512 bf16 path is that x is rounded to bf16
+ * (nearest even) first, as oneDNN's and vLLM's bf16 matmuls do.
+ *
+ * Per call, x is converted once into a bf16 copy with its rows padded to a multiple of 32.
+ * Each thread takes whole weight tiles (32 output channels), re-lays the tile into the
+ * pair-interleaved layout TDPBF16PS reads (k and k + 1 of a channel side by side: "VNNI") in
+ * a buffer of its own, then runs every 32-row block of x against it: two A tiles (16 rows x
+ * 32 k), two B tiles (32 k x 16 channels) and four float32 accumulator tiles per step of 32 k.
+ *
+ * W8A8 (linear_w8a8.c) of at least AMX_ROWS rows runs here too, on AMX-INT8: its weight tiles
+ * ([K/4][32][4], four k of a channel in 32 bits) are already the layout TDPBUSD reads, and
+ * its int32 sums are exact, so the results are the same bits as its VNNI path.
+ *
+ * Built with -march=native where the compiler and the CPU have AMX-TILE, AMX-BF16 and AMX-INT8
+ * (every AMX CPU so far has all three); Linux must grant the process the tile state
+ * (arch_prctl), asked once. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "linear.h"
+
+#if defined(FLEET_AVX512) && defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AMX_INT8__) \
+    && defined(__AVX512BF16__) && defined(__AVX512VNNI__) && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+
+static int amx_state;   /* 0: not asked yet; 1: granted; -1: refused (the callers keep AVX-512) */
+
+int fleet_amx_ready(void) {
+    if (amx_state == 0)   /* a race asks twice and gets the same answer */
+        amx_state = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 ? 1 : -1;
+    return amx_state == 1;
+}
+
+int fleet_amx_rows(void) { return fleet_amx_ready() ? AMX_ROWS : 0; }
+
+typedef struct __attribute__((packed, aligned(64))) {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tile_config;
+
+/* Eight tiles of 16 rows x 64 bytes: 0-3 the accumulators, 4-5 x, 6-7 the weights. */
+static void configure_tiles(void) {
+    tile_config c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int i = 0; i < 8; i++) {
+        c.colsb[i] = 64;
+        c.rows[i] = 16;
+    }
+    _tile_loadconfig(&c);
+}
+
+/* A bf16 tile w [K][32] into vb [K / 2][32][2]: row p holds channels 0-15 then 16-31, each
+ * as its (k = 2p, k = 2p + 1) pair. */
+static void interleave_pairs(const uint16_t *w, int64_t K, uint16_t *vb) {
+    uint16_t lo[32], hi[32];
+    for (int j = 0; j < 32; j++) {
+        lo[j] = (uint16_t)(j / 2 + (j & 1 ? 32 : 0));
+        hi[j] = (uint16_t)(16 + j / 2 + (j & 1 ? 32 : 0));
+    }
+    const __m512i ilo = _mm512_loadu_si512(lo), ihi = _mm512_loadu_si512(hi);
+    for (int64_t k = 0; k < K; k += 2) {
+        const __m512i a = _mm512_loadu_si512(w + k * TILE), b = _mm512_loadu_si512(w + (k + 1) * TILE);
+        _mm512_storeu_si512(vb + k * TILE, _mm512_permutex2var_epi16(a, ilo, b));
+        _mm512_storeu_si512(vb + k * TILE + 32, _mm512_permutex2var_epi16(a, ihi, b));
+    }
+}
+
+/* x [M][K] float32 -> xb [Mp][K] bf16, rows M .. Mp zero. */
+static void round_rows(const float *x, int64_t M, int64_t Mp, int64_t K, uint16_t *xb) {
+    for (int64_t r = 0; r < M; r++)
+        for (int64_t k = 0; k < K; k += 16)
+            _mm256_storeu_si256((__m256i *)(xb + r * K + k),
+                                (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x + r * K + k)));
+    memset(xb + M * K, 0, (size_t)((Mp - M) * K) * sizeof(uint16_t));
+}
+
+/* One 32 x 32 block of results (c [32][32]) into out: `rows` rows, `cols` channels, + bias. */
+static void store_block(const float *c, int rows, int cols, const float *bias, float *out, int64_t ldo) {
+    const vm mask[2] = {vm_first(cols), vm_first(cols - 16)};
+    for (int h = 0; h < 2; h++) {
+        const vf b = bias ? vf_load_mask(bias + 16 * h, mask[h]) : vf_zero();
+        for (int r = 0; r < rows; r++)
+            vf_store_mask(out + r * ldo + 16 * h, mask[h], vf_add(vf_load(c + r * 32 + 16 * h), b));
+    }
+}
+
+int fleet_linear_amx(const float *x, int64_t M, int64_t N, int64_t K, const void *data, const float *bias,
+                     float *out, int num_threads) {
+    if (K % 32 || M < 1 || !fleet_amx_ready()) return 1;
+    const int64_t Mp = (M + 31) / 32 * 32, tiles = (N + TILE - 1) / TILE;
+    uint16_t *xb = aligned_alloc(64, (size_t)(Mp * K) * sizeof(uint16_t));
+    if (!xb) return 3;
+    round_rows(x, M, Mp, K, xb);
+    int failed = 0;
+    #pragma omp parallel num_threads(num_threads) if (tiles > 1)
+    {
+        uint16_t *vb = aligned_alloc(64, (size_t)K * TILE * sizeof(uint16_t));
+        float c[32 * 32] __attribute__((aligned(64)));
+        if (!vb) failed = 3;
+        else configure_tiles();
+        #pragma omp for schedule(static)
+        for (int64_t i = 0; i < tiles; i++) {
+            if (!vb) continue;
+            interleave_pairs((const uint16_t *)data + i * K * TILE, K, vb);
+            const int cols = N - i * TILE < TILE ? (int)(N - i * TILE) : TILE;
+            for (int64_t r0 = 0; r0 < Mp; r0 += 32) {
+                _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+                const uint16_t *a = xb + r0 * K;
+                for (int64_t k0 = 0; k0 < K; k0 += 32) {
+                    _tile_loadd(4, a + k0, K * 2);
+                    _tile_loadd(5, a + 16 * K + k0, K * 2);
+                    _tile_loadd(6, vb + k0 * TILE, 128);
+                    _tile_loadd(7, vb + k0 * TILE + 32, 128);
+                    _tile_dpbf16ps(0, 4, 6);
+                    _tile_dpbf16ps(1, 4, 7);
+                    _tile_dpbf16ps(2, 5, 6);
+                    _tile_dpbf16ps(3, 5, 7);
+                }
+                _tile_stored(0, c, 128);
+                _tile_stored(1, c + 16, 128);
+                _tile_stored(2, c + 16 * 32, 128);
+                _tile_stored(3, c + 16 * 32 + 16, 128);
+                const int rows = M - r0 < 32 ? (int)(M - r0) : 32;
+                store_block(c, rows, cols, bias ? bias + i * TILE : NULL, out + r0 * N + i * TILE, N);
+            }
+        }
+        if (vb) _tile_release();
+        free(vb);
+    }
+    free(xb);
+    return failed;
+}
+
+/* W8A8 over its VNNI tiles: xu [Mp][K] the codes of x (+128, rows M .. Mp anything), xs [M]
+ * their scales; y = xs * scale * (sum - comp) (+ b), in the VNNI path's order of operations. */
+int fleet_w8a8_amx(const uint8_t *xu, const float *xs, int64_t M, int64_t N, int64_t K, const int8_t *codes,
+                   const float *scales, const int32_t *comps, const float *bias, float *out, int num_threads) {
+    if (K % 64 || M < 1 || !fleet_amx_ready()) return 1;
+    const int64_t Mp = (M + 31) / 32 * 32, tiles = (N + TILE - 1) / TILE;
+    #pragma omp parallel num_threads(num_threads) if (tiles > 1)
+    {
+        int32_t c[32 * 32] __attribute__((aligned(64)));
+        configure_tiles();
+        #pragma omp for schedule(static)
+        for (int64_t i = 0; i < tiles; i++) {
+            const int8_t *w = codes + i * K * TILE;
+            const int cols = N - i * TILE < TILE ? (int)(N - i * TILE) : TILE;
+            for (int64_t r0 = 0; r0 < Mp; r0 += 32) {
+                _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+                const uint8_t *a = xu + r0 * K;
+                for (int64_t k0 = 0; k0 < K; k0 += 64) {
+                    _tile_loadd(4, a + k0, K);
+                    _tile_loadd(5, a + 16 * K + k0, K);
+                    _tile_loadd(6, w + k0 * TILE, 128);
+                    _tile_loadd(7, w + k0 * TILE + 64, 128);
+                    _tile_dpbusd(0, 4, 6);
+                    _tile_dpbusd(1, 4, 7);
+                    _tile_dpbusd(2, 5, 6);
+                    _tile_dpbusd(3, 5, 7);
+                }
+                _tile_stored(0, c, 128);
+                _tile_stored(1, c + 16, 128);
+                _tile_stored(2, c + 16 * 32, 128);
+                _tile_stored(3, c + 16 * 32 + 16, 128);
+                const int rows = M - r0 < 32 ? (int)(M - r0) : 32;
+                const vm mask[2] = {vm_first(cols), vm_first(cols - 16)};
+                for (int h = 0; h < 2; h++) {
+                    const __m512 sc = _mm512_loadu_ps(scales + i * TILE + 16 * h);
+                    const __m512i cp = _mm512_loadu_si512(comps + i * TILE + 16 * h);
+                    const vf b = bias ? vf_load_mask(bias + i * TILE + 16 * h, mask[h]) : vf_zero();
+                    for (int r = 0; r < rows; r++) {
+                        const __m512i sum = _mm512_sub_epi32(_mm512_loadu_si512(c + r * 32 + 16 * h), cp);
+                        const __m512 y = _mm512_mul_ps(_mm512_cvtepi32_ps(sum),
+                                                       _mm512_mul_ps(sc, _mm512_set1_ps(xs[r0 + r])));
+                        vf_store_mask(out + (r0 + r) * N + i * TILE + 16 * h, mask[h], vf_add(y, b));
+                    }
+                }
+            }
+        }
+        _tile_release();
+    }
+    return 0;
+}
+
+#else   /* no AMX here: fleet_linear and fleet_linear_w8a8 keep their AVX-512 or AVX2 paths */
+
+int fleet_amx_ready(void) { return 0; }
+int fleet_amx_rows(void) { return 0; }
+
+int fleet_linear_amx(const float *x, int64_t M, int64_t N, int64_t K, const void *data, const float *bias,
+                     float *out, int num_threads) {
+    (void)x; (void)M; (void)N; (void)K; (void)data; (void)bias; (void)out; (void)num_threads;
+    return 1;
+}
+
+int fleet_w8a8_amx(const uint8_t *xu, const float *xs, int64_t M, int64_t N, int64_t K, const int8_t *codes,
+                   const float *scales, const int32_t *comps, const float *bias, float *out, int num_threads) {
+    (void)xu; (void)xs; (void)M; (void)N; (void)K; (void)codes; (void)scales; (void)comps; (void)bias; (void)out;
+    (void)num_threads;
+    return 1;
+}
+#endif
