@@ -44,6 +44,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--engine-args", default="", help="extra `fleet worker` engine arguments for this "
                    "engine, e.g. '--quantization int8' (default: fp32)")
+    p.add_argument("--vllm-dtype", default="float32", choices=("float32", "bfloat16"),
+                   help="vLLM's dtype (bfloat16: beside --engine-args '--dtype bfloat16')")
     p.add_argument("--ggufs", default="F32,Q4_1", help="llama.cpp formats to run: F32, Q8_0, Q4_K_M, Q4_1")
     p.add_argument("--skip", default="", help=f"comma-separated engines to leave out: {', '.join(ENGINES)}")
     p.add_argument("--batch1-prompt", type=int, default=32)
@@ -111,8 +113,11 @@ def run_engines(args: argparse.Namespace, job: dict, logs: Path) -> dict[str, di
             logs / "engine.log"))
     if "vllm" not in skip:
         found = disc.find_vllm()
-        runs["vLLM CPU, fp32"] = {"skipped": found.missing} if not found.ok else _guarded(lambda: _subprocess_run(
-            [str(found.paths["python"]), str(Path(__file__).with_name("peers_vllm_runner.py"))], [], job,
+        dtype = getattr(args, "vllm_dtype", "float32")
+        label = "vLLM CPU, " + {"float32": "fp32", "bfloat16": "bf16"}[dtype]
+        runs[label] = {"skipped": found.missing} if not found.ok else _guarded(lambda: _subprocess_run(
+            [str(found.paths["python"]), str(Path(__file__).with_name("peers_vllm_runner.py"))], [],
+            {**job, "dtype": dtype},
             disc.vllm_env(found, args.threads), logs / "vllm.log"))
     if "llama" not in skip:
         runs.update(_run_llama(args, job, logs))

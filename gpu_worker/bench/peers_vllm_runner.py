@@ -3,7 +3,7 @@ venv (this project is not installed there, so it imports only ``peers_job`` besi
 
     VLLM-VENV/bin/python peers_vllm_runner.py JOB.json OUT.json
 
-Offline ``LLM.generate`` on token-id prompts, float32, greedy, exactly max_tokens
+Offline ``LLM.generate`` on token-id prompts, float32 (or the job's ``dtype``), greedy, exactly max_tokens
 (min_tokens = max_tokens, ignore_eos). Threads, KV space and preloads come from the
 environment the parent sets (peers_discovery.vllm_env).
 """
@@ -22,7 +22,8 @@ def build(job: dict) -> tuple[Generate, dict]:
     import vllm
     from vllm import LLM, SamplingParams
 
-    llm = LLM(model=job["model"], dtype="float32", seed=0, enable_prefix_caching=False,
+    dtype = job.get("dtype", "float32")
+    llm = LLM(model=job["model"], dtype=dtype, seed=0, enable_prefix_caching=False,
               max_num_seqs=job.get("max_num_seqs", 64), max_model_len=job.get("max_model_len", 2048))
 
     def generate(prompts: list[list[int]], lengths: list[int]) -> list[list[int]]:
@@ -32,7 +33,7 @@ def build(job: dict) -> tuple[Generate, dict]:
 
     env = {k: os.environ.get(k) for k in ("VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND", "LD_PRELOAD")}
     return generate, {"version": f"vllm {vllm.__version__}, torch {torch.__version__}",
-                      "threads": torch.get_num_threads(), "settings": {"dtype": "float32", **env}}
+                      "threads": torch.get_num_threads(), "settings": {"dtype": dtype, **env}}
 
 
 if __name__ == "__main__":
