@@ -4,7 +4,8 @@
  * float32, so the one difference from the AVX-512 bf16 path is that x is rounded to bf16
  * (nearest even) first, as oneDNN's and vLLM's bf16 matmuls do.
  *
- * Per call, x is converted once into a bf16 copy with its rows padded to a multiple of 32.
+ * Per call, x is converted once (by all threads, in row blocks) into a bf16 copy laid out as
+ * its A tiles one after another, rows padded to a multiple of 32, in a buffer kept per thread.
  * Each thread takes whole weight tiles (32 output channels), re-lays the tile into the
  * pair-interleaved layout TDPBF16PS reads (k and k + 1 of a channel side by side: "VNNI") in
  * a buffer of its own, then runs every 32-row block of x against it: two A tiles (16 rows x
@@ -75,13 +76,34 @@ static void interleave_pairs(const uint16_t *w, int64_t K, uint16_t *vb) {
     }
 }
 
-/* x [M][K] float32 -> xb [Mp][K] bf16, rows M .. Mp zero. */
-static void round_rows(const float *x, int64_t M, int64_t Mp, int64_t K, uint16_t *xb) {
-    for (int64_t r = 0; r < M; r++)
-        for (int64_t k = 0; k < K; k += 16)
-            _mm256_storeu_si256((__m256i *)(xb + r * K + k),
-                                (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x + r * K + k)));
-    memset(xb + M * K, 0, (size_t)((Mp - M) * K) * sizeof(uint16_t));
+/* Rows r0 .. r0 + 16 of x [M][K] float32 into their bf16 A tiles, 16 rows x 32 k each, one
+ * after another along k (xb [Mp / 16][K / 32][16][32]: each tile load reads 1 KiB in a row);
+ * rows past M are zero. */
+static void round_rows(const float *x, int64_t M, int64_t K, int64_t r0, uint16_t *xb) {
+    uint16_t *blk = xb + r0 * K;
+    for (int r = 0; r < 16; r++) {
+        for (int64_t k0 = 0; k0 < K; k0 += 32) {
+            uint16_t *dst = blk + k0 * 16 + r * 32;
+            if (r0 + r >= M) {
+                memset(dst, 0, 32 * sizeof(uint16_t));
+                continue;
+            }
+            const float *src = x + (r0 + r) * K + k0;
+            _mm512_storeu_si512(dst, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + 16), _mm512_loadu_ps(src)));
+        }
+    }
+}
+
+/* This thread's bf16 copy of x, kept between calls (grown as needed, never freed). */
+static uint16_t *x_workspace(size_t elements) {
+    static __thread uint16_t *buf;
+    static __thread size_t size;
+    if (elements > size) {
+        free(buf);
+        buf = aligned_alloc(64, (elements * sizeof(uint16_t) + 63) / 64 * 64);
+        size = buf ? elements : 0;
+    }
+    return buf;
 }
 
 /* One 32 x 32 block of results (c [32][32]) into out: `rows` rows, `cols` channels, + bias. */
@@ -98,12 +120,13 @@ int fleet_linear_amx(const float *x, int64_t M, int64_t N, int64_t K, const void
                      float *out, int num_threads) {
     if (K % 32 || M < 1 || !fleet_amx_ready()) return 1;
     const int64_t Mp = (M + 31) / 32 * 32, tiles = (N + TILE - 1) / TILE;
-    uint16_t *xb = aligned_alloc(64, (size_t)(Mp * K) * sizeof(uint16_t));
+    uint16_t *xb = x_workspace((size_t)(Mp * K));
     if (!xb) return 3;
-    round_rows(x, M, Mp, K, xb);
     int failed = 0;
     #pragma omp parallel num_threads(num_threads) if (tiles > 1)
     {
+        #pragma omp for schedule(static)
+        for (int64_t r0 = 0; r0 < Mp; r0 += 16) round_rows(x, M, K, r0, xb);
         uint16_t *vb = aligned_alloc(64, (size_t)K * TILE * sizeof(uint16_t));
         float c[32 * 32] __attribute__((aligned(64)));
         if (!vb) failed = 3;
@@ -117,8 +140,8 @@ int fleet_linear_amx(const float *x, int64_t M, int64_t N, int64_t K, const void
                 _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
                 const uint16_t *a = xb + r0 * K;
                 for (int64_t k0 = 0; k0 < K; k0 += 32) {
-                    _tile_loadd(4, a + k0, K * 2);
-                    _tile_loadd(5, a + 16 * K + k0, K * 2);
+                    _tile_loadd(4, a + k0 * 16, 64);
+                    _tile_loadd(5, a + 16 * K + k0 * 16, 64);
                     _tile_loadd(6, vb + k0 * TILE, 128);
                     _tile_loadd(7, vb + k0 * TILE + 32, 128);
                     _tile_dpbf16ps(0, 4, 6);
@@ -137,7 +160,6 @@ int fleet_linear_amx(const float *x, int64_t M, int64_t N, int64_t K, const void
         if (vb) _tile_release();
         free(vb);
     }
-    free(xb);
     return failed;
 }
 
