@@ -199,14 +199,13 @@ def _terminal_now(p: _Plan, inf: Inflight, cancelled: bool, now: float,
     if p.code is not None:
         logger.debug("failing request %s (%s): %s", p.request_id, p.code, p.message)
         return inf.failure(p.code, p.message)
-    reason = None
     if cancelled:
         reason = "cancelled"
     elif p.request.deadline is not None and p.request.deadline <= now:
         reason = "timeout"
     elif inf.all_ended:
         reason = "length"  # a previous worker generated everything but died before finishing
-    if reason is None:
+    else:
         return None
     delta = RequestDelta(request_id=inf.key, new_token_ids=[], new_text="", finished=True,
                          finish_reason=reason, num_output_tokens=len(inf.prior_token_ids))

@@ -152,10 +152,9 @@ def run(args: argparse.Namespace) -> int:
               "engine_tok_s": engine["output_tokens"] / engine["wall_s"],
               "e2e_tok_s": e2e["output_tokens"] / e2e["wall_s"]}
     for name, m in (("engine", engine), ("e2e", e2e)):
-        report[f"ttft_p50_ms_{name}"] = _pct(m["ttft_low_load_s"], 0.5)
-        report[f"ttft_p99_ms_{name}"] = _pct(m["ttft_low_load_s"], 0.99)
-        report[f"ttft_p50_ms_{name}_loaded"] = _pct(m["ttft_loaded_s"], 0.5)
-        report[f"ttft_p99_ms_{name}_loaded"] = _pct(m["ttft_loaded_s"], 0.99)
+        for suffix, ttfts in (("", m["ttft_low_load_s"]), ("_loaded", m["ttft_loaded_s"])):
+            report[f"ttft_p50_ms_{name}{suffix}"] = _pct(ttfts, 0.5)
+            report[f"ttft_p99_ms_{name}{suffix}"] = _pct(ttfts, 0.99)
     report["e2e_over_engine"] = report["e2e_tok_s"] / report["engine_tok_s"]
     report["ttft_p50_overhead_ms"] = report["ttft_p50_ms_e2e"] - report["ttft_p50_ms_engine"]
     text = json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in report.items()},

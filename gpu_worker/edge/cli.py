@@ -104,26 +104,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def engine_config(args: argparse.Namespace):
+    """The engine's config from the options of :func:`add_engine_arguments`."""
     from gpu_worker.config import parse_bytes
 
     kv = None if args.kv_cache_memory is None else parse_bytes(str(args.kv_cache_memory))
-    ops = getattr(args, "ops_backend", None)
+    ops = {} if args.ops_backend is None else {"ops_backend": args.ops_backend}  # unset: the config's default
     return EngineConfig(model=args.model, kv_cache_memory=kv, max_num_seqs=args.max_num_seqs,
                         max_num_batched_tokens=args.max_num_batched_tokens,
-                        block_size=args.block_size, num_threads=args.threads,
-                        device=getattr(args, "device", "cpu"),
-                        enable_prefix_caching=not getattr(args, "no_prefix_caching", False),
-                        speculative=getattr(args, "speculative", None),
-                        num_speculative_tokens=getattr(args, "num_speculative_tokens", 4),
-                        draft_model=getattr(args, "draft_model", None),
-                        self_draft_layers=getattr(args, "self_draft_layers", None),
-                        self_draft_quantization=getattr(args, "self_draft_quantization", None),
-                        quantization=getattr(args, "quantization", None),
-                        dtype=resolve_dtype(getattr(args, "dtype", "auto"),
-                                            getattr(args, "device", "cpu")),
-                        max_model_len=getattr(args, "max_model_len", None),
-                        seed=getattr(args, "engine_seed", 0),
-                        **({} if ops is None else {"ops_backend": ops}))   # unset: the config's default
+                        block_size=args.block_size, num_threads=args.threads, device=args.device,
+                        enable_prefix_caching=not args.no_prefix_caching, speculative=args.speculative,
+                        num_speculative_tokens=args.num_speculative_tokens, draft_model=args.draft_model,
+                        self_draft_layers=args.self_draft_layers,
+                        self_draft_quantization=args.self_draft_quantization,
+                        quantization=args.quantization, dtype=resolve_dtype(args.dtype, args.device),
+                        max_model_len=args.max_model_len,
+                        seed=getattr(args, "engine_seed", 0), **ops)  # --seed: only `fleet worker` has it
 
 
 def worker_options(args: argparse.Namespace) -> WorkerOptions:

@@ -12,12 +12,14 @@ thread sets :attr:`EngineThread.error`, reports every request it holds in ``rele
 """
 from __future__ import annotations
 
+import bisect
 import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpu_worker.errors import INTERNAL, InvalidRequestError
 from gpu_worker.fork import ParallelSampling
@@ -146,22 +148,20 @@ class EngineThread:
         """Every request handed to this thread and not yet reported finished."""
         held = [q.job.key for q in self._queued]
         self._queued.clear()
-        while True:
-            try:
-                kind, payload = self._inbox.get_nowait()
-            except queue.Empty:
-                break
-            if kind == "add":
-                held.append(payload.key)
+        held += [job.key for kind, job in self._messages(block=False) if kind == "add"]
         return held + self.sampling.unfinished_request_ids()
 
-    def _drain_inbox(self, report: StepReport, *, block: bool) -> None:
+    def _messages(self, *, block: bool) -> Iterator[tuple[str, Any]]:
+        """The inbox's messages until it is empty; with ``block``, waiting a little for the first."""
         try:
-            item = self._inbox.get(timeout=_IDLE_WAIT_S) if block else self._inbox.get_nowait()
+            yield self._inbox.get(timeout=_IDLE_WAIT_S) if block else self._inbox.get_nowait()
+            while True:
+                yield self._inbox.get_nowait()
         except queue.Empty:
             return
-        while True:
-            kind, payload = item
+
+    def _drain_inbox(self, report: StepReport, *, block: bool) -> None:
+        for kind, payload in self._messages(block=block):
             if kind == "add":
                 self._enqueue(payload, report)
             elif kind == "abort":
@@ -169,10 +169,6 @@ class EngineThread:
             elif kind == "release":
                 report.released.extend(q.job.key for q in self._queued)
                 self._queued.clear()
-            try:
-                item = self._inbox.get_nowait()
-            except queue.Empty:
-                return
 
     def _enqueue(self, job: Job, report: StepReport) -> None:
         try:
@@ -181,11 +177,7 @@ class EngineThread:
         except Exception as exc:  # this request's own input: fail it alone
             report.failures.append((job.key, *_failure(job.key, exc)))
             return
-        entry = _Queued(job, prompt_ids)
-        pos = len(self._queued)
-        while pos > 0 and self._queued[pos - 1].job.priority > job.priority:
-            pos -= 1
-        self._queued.insert(pos, entry)
+        bisect.insort_right(self._queued, _Queued(job, prompt_ids), key=lambda q: q.job.priority)
 
     def _tokenize(self, job: Job) -> list[int]:
         tok = self.engine.tokenizer
@@ -210,7 +202,8 @@ class EngineThread:
         """Admit queued requests, highest lane first, while free KV blocks allow."""
         while self._queued:
             q = self._queued[0]
-            num_resumed = max(len(_resumed(q.job, c)) for c in range(q.job.n))
+            resume = [_resumed(q.job, c) for c in range(q.job.n)]
+            num_resumed = max(map(len, resume))
             fits = self.sampling.can_admit(len(q.prompt_ids) + num_resumed,
                                            q.job.params.max_tokens - num_resumed, q.job.n)
             if not fits and self.sampling.has_unfinished_requests():
@@ -219,8 +212,7 @@ class EngineThread:
             try:
                 self.sampling.add_request(
                     q.job.key, q.prompt_ids, q.job.params, n=q.job.n, priority=q.job.priority,
-                    resume=[_resumed(q.job, c) for c in range(q.job.n)], skip=q.job.skip,
-                    deadline=q.job.deadline)
+                    resume=resume, skip=q.job.skip, deadline=q.job.deadline)
             except Exception as exc:  # nothing was queued in the engine: fail this one alone
                 report.failures.append((q.job.key, *_failure(q.job.key, exc)))
                 continue
@@ -229,9 +221,9 @@ class EngineThread:
 
 def _resumed(job: Job, index: int) -> list[int]:
     """Choice ``index``'s tokens already delivered."""
-    if index == 0 or index >= len(job.resume_choices):
-        return job.resume_token_ids if index == 0 else []
-    return job.resume_choices[index]
+    if index == 0:
+        return job.resume_token_ids
+    return job.resume_choices[index] if index < len(job.resume_choices) else []
 
 
 def _failure(key: str, exc: Exception) -> tuple[str, str]:

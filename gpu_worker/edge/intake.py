@@ -10,23 +10,19 @@ pipelined, so redis-py sends each node its share at once.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 
 from gpu_worker.edge.fairshare import FairShare, Held
-from gpu_worker.edge.inflight import Entry
+from gpu_worker.edge.inflight import LANE_PRIORITY, Entry
 from gpu_worker.edge.options import WorkerOptions
 from gpu_worker.edge.redis_errors import Kind, classify
 from gpu_worker.edge.redis_io import RedisIO
+from gpu_worker.edge.scripts import as_str
 from gpu_worker.edge.sources import Source, Sources
 from shared import keys
 
 logger = logging.getLogger(__name__)
-
-RANK = {lane: i for i, lane in enumerate(keys.LANES)}
-
-
-def _s(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 class Intake:
@@ -35,10 +31,6 @@ class Intake:
     def __init__(self, io: RedisIO, options: WorkerOptions, sources: Sources,
                  fair: FairShare) -> None:
         self.io, self.options, self.sources, self.fair = io, options, sources, fair
-
-    @property
-    def streams(self) -> list[str]:
-        return list(self.sources.streams)
 
     async def read(self, count: int, *, block: bool, held: dict[str, Held]) -> list[Entry]:
         """Up to ``count`` new entries, higher lanes first, shared between tenants by
@@ -64,7 +56,7 @@ class Intake:
             for stream, (backlog, last) in zip(source.streams, reply):
                 if int(backlog) < 0:
                     missing.append(stream)
-                out[stream] = (max(int(backlog), 0), _s(last))
+                out[stream] = (max(int(backlog), 0), as_str(last))
         if missing:  # a fresh stream, or Redis restarted without its data
             logger.info("recreating the group of %s", ", ".join(missing))
             await self.io.ensure_groups(missing)
@@ -95,7 +87,8 @@ class Intake:
                     if classify(reply) is Kind.MISSING:
                         await self.io.ensure_groups([stream])
                     continue
-                entries.extend(self._entries(reply, source))
+                entries += [_entry(source, as_str(name), entry_id, fields or {})
+                            for name, items in reply or [] for entry_id, fields in items]
         if error is not None and not entries:
             raise error
         if error is not None:  # what was delivered must be served; the error comes back
@@ -116,24 +109,22 @@ class Intake:
         tasks = [asyncio.create_task(self.io.client.xread(g, count=1, block=self.options.block_ms))
                  for g in groups]
         try:
-            done, _ = await asyncio.wait(tasks, timeout=self.options.block_ms / 1000 + 1,
-                                         return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(tasks, timeout=self.options.block_ms / 1000 + 1,
+                               return_when=asyncio.FIRST_COMPLETED)
         finally:
             for t in tasks:
                 t.cancel()
             results = await asyncio.gather(*tasks, return_exceptions=True)
-        rang = False
         for r in results:
-            if isinstance(r, Exception) and not isinstance(r, asyncio.CancelledError):
+            if isinstance(r, Exception):  # (a CancelledError is not one)
                 raise r
-            rang = rang or bool(r) and not isinstance(r, BaseException)
-        return rang
+        return any(r and not isinstance(r, BaseException) for r in results)
 
     async def reclaim(self, count: int) -> list[Entry]:
         """Entries idle past ``claim_idle_ms`` (their worker is dead, or handed them back),
         higher lanes first, with their delivery counts; possibly more than ``count`` (the
         caller hands back the rest)."""
-        streams = sorted(self.sources.streams.items(), key=lambda kv: RANK[kv[1].streams[kv[0]]])
+        streams = sorted(self.sources.streams.items(), key=lambda kv: LANE_PRIORITY[kv[1].streams[kv[0]]])
         replies = await self.io.run([
             ("XAUTOCLAIM", stream, keys.GROUP, self.options.worker_id,
              self.options.claim_idle_ms, "0-0", "COUNT", count) for stream, _ in streams])
@@ -142,32 +133,21 @@ class Intake:
             if isinstance(reply, Exception):
                 logger.warning("cannot reclaim from %s: %s", stream, reply)
                 continue
-            for entry_id, fields in reply[1]:
-                if fields is None:  # deleted from the stream while pending (6.2)
-                    continue
-                claimed.append(Entry(stream=stream, lane=source.streams[stream],
-                                     entry_id=_s(entry_id), fields=fields, tenant=source.tenant))
+            claimed += [_entry(source, stream, entry_id, fields) for entry_id, fields in reply[1]
+                        if fields is not None]  # None: deleted from the stream while pending (6.2)
         if not claimed:
             return claimed
         pending = await asyncio.gather(*[  # rare: one call each, routed per key
             self.io.client.xpending_range(e.stream, keys.GROUP, e.entry_id, e.entry_id, 1)
             for e in claimed], return_exceptions=True)
-        out = []
-        for entry, info in zip(claimed, pending):
-            deliveries = int(info[0]["times_delivered"]) if info and not isinstance(
-                info, Exception) else 1
-            out.append(Entry(stream=entry.stream, lane=entry.lane, entry_id=entry.entry_id,
-                             fields=entry.fields, deliveries=deliveries, tenant=entry.tenant))
+        out = [dataclasses.replace(e, deliveries=1 if isinstance(info, Exception) or not info
+                                   else int(info[0]["times_delivered"]))
+               for e, info in zip(claimed, pending)]
         logger.info("reclaimed %d entries: %s", len(out),
                     ", ".join(f"{e.entry_id}x{e.deliveries}" for e in out))
         return out
 
-    def _entries(self, reply, source: Source) -> list[Entry]:
-        entries = []
-        for stream, items in reply or []:
-            stream = _s(stream)
-            for entry_id, fields in items:
-                entries.append(Entry(stream=stream, lane=source.streams[stream],
-                                     entry_id=_s(entry_id), fields=fields or {},
-                                     tenant=source.tenant))
-        return entries
+
+def _entry(source: Source, stream: str, entry_id: bytes | str, fields: dict) -> Entry:
+    return Entry(stream=stream, lane=source.streams[stream], entry_id=as_str(entry_id), fields=fields,
+                 tenant=source.tenant)

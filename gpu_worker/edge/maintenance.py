@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
@@ -52,12 +53,10 @@ def _on_cancel_key(state: WorkerState, inf, exists: int) -> None:
 
 
 async def lease_loop(state: WorkerState) -> None:
-    backoff = Backoff()
     while True:
         await asyncio.sleep(state.options.renew_interval_s)
         try:
             await renew_leases(state)
-            backoff.reset()
         except Exception as exc:  # noqa: BLE001 - the next renewal tries again
             state.redis.on_error(exc, "renewing leases")
 
@@ -67,9 +66,8 @@ async def heartbeat_once(state: WorkerState) -> None:
     key = keys.worker_key(opts.model_name, opts.worker_id)
     now = time.time()
     mapping = {**state.status(), "last_seen": now, "lanes": ",".join(opts.lanes)}
-    ttl_ms = int(opts.heartbeat_s * 3000)
     await state.io.run([("HSET", key, *[x for kv in mapping.items() for x in kv]),
-                        ("PEXPIRE", key, ttl_ms),
+                        ("PEXPIRE", key, int(opts.heartbeat_s * 3000)),  # 3 beats
                         ("ZADD", keys.workers_key(opts.model_name), now, opts.worker_id)])
 
 
@@ -115,7 +113,5 @@ async def control_loop(state: WorkerState) -> None:
             state.redis.on_error(exc, "listening for cancel notices")
             await backoff.sleep()
         finally:
-            try:
+            with contextlib.suppress(Exception):  # the connection is already gone
                 await pubsub.aclose()
-            except Exception:  # the connection is already gone
-                pass

@@ -44,6 +44,9 @@ class _Write:
     call: tuple
 
 
+_REPLY = {"publish": Published, "choice": Finished, "finish": Finished}  # the reply of each script
+
+
 class Publisher:
     def __init__(self, state: WorkerState) -> None:
         self.state = state
@@ -73,18 +76,14 @@ class Publisher:
                 return []
         else:
             first = await self.reports.get()
-        batch = [first]
-        while not self.reports.empty():
-            batch.append(self.reports.get_nowait())
-        return batch
+        return [first, *self._take_reports()]
+
+    def _take_reports(self) -> list[StepReport]:
+        return [self.reports.get_nowait() for _ in range(self.reports.qsize())]
 
     async def flush(self) -> None:
         """Publish everything reported so far, held tokens included (used while draining)."""
-        batch = []
-        while not self.reports.empty():
-            batch.append(self.reports.get_nowait())
-        if batch or self._held:
-            await self.publish(batch, flush_all=True)
+        await self.publish(self._take_reports(), flush_all=True)
 
     async def publish(self, batch: list[StepReport], *, flush_all: bool = False) -> None:
         st = self.state
@@ -92,13 +91,11 @@ class Publisher:
         handoffs: list[Entry] = []
         for report in batch:
             st.last_report = report
-            for key in report.admitted:
-                st.unadmitted.discard(key)
+            st.unadmitted.difference_update(report.admitted)
             for key in report.released:
-                if key in st.inflight:
-                    writes.extend(self._take_held(st.inflight[key]))
                 inf = st.forget(key)
                 if inf is not None:
+                    writes.extend(self._take_held(inf))
                     handoffs.append(inf.entry)
             for key, code, message in report.failures:
                 inf = st.inflight.get(key)
@@ -114,15 +111,10 @@ class Publisher:
             if report.admitted or report.released or report.failures:
                 st.capacity.set()
         writes.extend(self._due_writes(flush_all))
-        acks: list[Entry] = []
-        dead: list[tuple] = []
-        if writes:
-            answers = await self._run_until_answered(writes)
-            acks, dead = self._apply(writes, answers, handoffs)
-        if dead:  # a round trip of its own: an entry is acked only once it is kept
-            await self._run_until_answered_raw(dead)
-        if acks:
-            await self._run_until_answered_raw(calls.ack(st.options, acks))
+        acks, dead = self._apply(writes, await self._run_until_answered(writes), handoffs)
+        # Dead letters get a round trip of their own: an entry is acked only once it is kept.
+        await self._run_until_answered_raw(dead)
+        await self._run_until_answered_raw(calls.ack(st.options, acks))
         if handoffs:
             await self._run_until_answered_raw(calls.handoff(st.options, handoffs))
             logger.info("handed back %d requests", len(handoffs))
@@ -201,11 +193,9 @@ class Publisher:
                 st.cancel(w.inf.key)
             elif w.kind == "choice" and answer != Finished.FENCED:
                 continue  # stored (or a gap: then the request's FINISH is refused just the same)
-            elif (w.kind, answer) in (("publish", Published.FENCED), ("finish", Finished.FENCED),
-                                      ("choice", Finished.FENCED)):
+            elif answer == _REPLY[w.kind].FENCED:
                 st.lose(w.inf.key, f"{w.kind} fenced")
-            elif (w.kind, answer) in (("publish", Published.GAP), ("finish", Finished.GAP)):
-                # An earlier event was never stored: another attempt resumes from what is.
+            elif _is_gap(w, answer):  # an earlier event is not stored: another attempt resumes from what is
                 st.lose(w.inf.key, "progress out of order")
                 handoffs.append(w.inf.entry)
             elif w.kind == "finish":
@@ -268,5 +258,4 @@ def _refused(answer) -> bool:
 
 
 def _is_gap(w: _Write, answer) -> bool:
-    return (w.kind, answer) in (("publish", Published.GAP), ("finish", Finished.GAP),
-                                ("choice", Finished.GAP))
+    return w.kind in _REPLY and answer == _REPLY[w.kind].GAP

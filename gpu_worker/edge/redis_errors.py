@@ -33,20 +33,13 @@ class Kind(enum.Enum):
 
 
 # The classes redis-py raises for a reply's prefix (it strips the prefix from the message).
-_BY_CLASS: tuple[tuple[type, Kind], ...] = (
-    (rx.OutOfMemoryError, Kind.OOM),
-    (rx.NoPermissionError, Kind.DENIED),
-    (rx.AuthenticationError, Kind.DENIED),
-    (rx.AuthorizationError, Kind.DENIED),
-    (rx.AskError, Kind.REDIRECT),  # MovedError is one
-    (rx.ClusterCrossSlotError, Kind.REDIRECT),
-    (rx.BusyLoadingError, Kind.TRANSIENT),
-    (rx.ReadOnlyError, Kind.TRANSIENT),
-    (rx.TryAgainError, Kind.TRANSIENT),
-    (rx.ClusterDownError, Kind.TRANSIENT),  # MasterDownError is one
-    (rx.ConnectionError, Kind.TRANSIENT),
-    (rx.TimeoutError, Kind.TRANSIENT),
-    (OSError, Kind.TRANSIENT),  # the builtin ConnectionError and TimeoutError are ones
+_BY_CLASS: tuple[tuple[tuple[type, ...], Kind], ...] = (
+    ((rx.OutOfMemoryError,), Kind.OOM),
+    ((rx.NoPermissionError, rx.AuthenticationError, rx.AuthorizationError), Kind.DENIED),
+    ((rx.AskError, rx.ClusterCrossSlotError), Kind.REDIRECT),  # a MovedError is an AskError
+    # (a MasterDownError is a ClusterDownError; the builtin ConnectionError and TimeoutError are OSErrors)
+    ((rx.BusyLoadingError, rx.ReadOnlyError, rx.TryAgainError, rx.ClusterDownError, rx.ConnectionError,
+      rx.TimeoutError, OSError), Kind.TRANSIENT),
 )
 # Prefixes redis-py has no class for, left in a plain ResponseError's message.
 _BY_PREFIX = (("NOGROUP", Kind.MISSING), ("UNBLOCKED", Kind.MISSING), ("BUSY", Kind.TRANSIENT))

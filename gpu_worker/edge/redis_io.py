@@ -39,8 +39,7 @@ class RedisIO:
         self.client = None
         self.cluster = False
         self.publish_command = "PUBLISH"
-        self.version: tuple[int, ...] = (0,)
-        self.scripts = {**{n: s.source for n, s in scripts.ALL.items()}, **(extra_scripts or {})}
+        self.scripts = {**scripts.ALL, **(extra_scripts or {})}
         self.shas = {n: scripts.Script(n, src).sha for n, src in self.scripts.items()}
 
     async def detect(self) -> None:
@@ -53,10 +52,10 @@ class RedisIO:
         info = await self.client.info("server")
         if self.cluster:  # one reply per node, or the default node's
             info = next(iter(info.values())) if "redis_version" not in info else info
-        self.version = tuple(int(x) for x in str(info["redis_version"]).split(".")[:2])
-        if self.version < MIN_VERSION:
+        version = tuple(int(x) for x in str(info["redis_version"]).split(".")[:2])
+        if version < MIN_VERSION:
             raise RuntimeError(f"Redis {info['redis_version']} is too old; need >= 6.2")
-        self.publish_command = "SPUBLISH" if self.cluster and self.version >= (7, 0) else "PUBLISH"
+        self.publish_command = "SPUBLISH" if self.cluster and version >= (7, 0) else "PUBLISH"
         await self.load_scripts()
 
     async def load_scripts(self) -> None:

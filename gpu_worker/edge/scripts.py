@@ -188,10 +188,8 @@ class Script:
         return hashlib.sha1(self.source.encode()).hexdigest()
 
 
-ALL = {name: Script(name, src) for name, src in
-       {"begin": BEGIN, "publish": PUBLISH, "finish": FINISH, "end_choice": END_CHOICE,
-        "renew": RENEW, "ack": ACK, "handoff": HANDOFF}.items()}
-SHAS = {name: s.sha for name, s in ALL.items()}
+ALL = {"begin": BEGIN, "publish": PUBLISH, "finish": FINISH, "end_choice": END_CHOICE,  # name -> source
+       "renew": RENEW, "ack": ACK, "handoff": HANDOFF}
 
 
 class RequestKeys(NamedTuple):
@@ -225,7 +223,8 @@ class Finished(enum.IntEnum):
     GAP = 2
 
 
-def _text(value: bytes | str | None) -> str:
+def as_str(value: bytes | str | None) -> str:
+    """A reply's text (None: '')."""
     return value.decode() if isinstance(value, bytes) else (value or "")
 
 
@@ -248,13 +247,13 @@ class Begun:
 
     @classmethod
     def parse(cls, reply: list) -> "Begun":
-        status = _text(reply[0])
+        status = as_str(reply[0])
         if status != "ok":
             return cls(status)
-        first_token = _text(reply[4])
+        first_token = as_str(reply[4])
         rest = list(reply[5:])
         ended = rest.pop() if rest and isinstance(rest[-1], list) else []
-        return cls(status, owner=_text(reply[1]), cancelled=_text(reply[2]) == "1",
+        return cls(status, owner=as_str(reply[1]), cancelled=as_str(reply[2]) == "1",
                    first_start=float(reply[3]),
                    first_token_at=float(first_token) if first_token else None,
                    progress=tuple(rest), ended_choices=tuple(ended))

@@ -99,11 +99,8 @@ class Sources:
         if bad and bad != self.bad:
             logger.error("tenant registry: ignoring invalid entries %s", ", ".join(sorted(bad)))
         self.bad = bad
-        found = {}
-        for config in configs.values():
-            source = tenant_source(self.options, config)
-            if source is not None:
-                found[source.name] = source
+        found = {s.name: s for s in (tenant_source(self.options, c) for c in configs.values())
+                 if s is not None}
         if self.options.legacy_streams:
             legacy = legacy_sources(self.options)
             exists = await self.io.run([("EXISTS", next(iter(s.streams))) for s in legacy])

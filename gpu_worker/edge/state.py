@@ -28,11 +28,10 @@ class WorkerState:
     draining: bool = False
     num_finished: int = 0
     metrics: WorkerMetrics = field(default_factory=WorkerMetrics)  # ops: metrics
-    redis: RedisHealth | None = None  # built from ``metrics`` when not given
+    redis: RedisHealth = field(init=False)
 
     def __post_init__(self) -> None:
-        if self.redis is None:
-            self.redis = RedisHealth(self.metrics)
+        self.redis = RedisHealth(self.metrics)
 
     def room(self) -> int:
         """How many more entries may be read now: the local queue's free places.

@@ -7,6 +7,7 @@ reading, lets in-flight requests finish within ``drain_grace_s``, and hands the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import time
@@ -54,17 +55,11 @@ class Worker:
         assert self._loop is not None
         self._loop.call_soon_threadsafe(self.publisher.on_report, report)
 
-    def request_drain(self) -> None:
-        """Begin a graceful stop (what SIGTERM does)."""
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._drain_requested.set)
-
-    async def run(self, *, install_signal_handlers: bool = True) -> int:
+    async def run(self) -> int:
         """Serve until drained; 0 after a clean drain, 1 if the engine failed."""
         self._loop = asyncio.get_running_loop()
-        if install_signal_handlers:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                self._loop.add_signal_handler(sig, self._drain_requested.set)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._loop.add_signal_handler(sig, self._drain_requested.set)
         await self._connect()
         self.state.engine.start()
         self.state.metrics.health.serving(self.state)  # ops: readiness
@@ -78,8 +73,7 @@ class Worker:
         drain = asyncio.create_task(self._drain_requested.wait())
         done, _ = await asyncio.wait([intake, drain], return_when=asyncio.FIRST_COMPLETED)
         error = intake.exception() if intake in done else None
-        failed = error is not None
-        if failed:
+        if error is not None:
             logger.error("worker failing: %r", error, exc_info=error)
         if isinstance(error, EngineFailed):
             await self._hand_back_all()
@@ -89,7 +83,7 @@ class Worker:
             task.cancel()
         await asyncio.gather(*tasks, intake, drain, return_exceptions=True)
         await self._close()
-        return 1 if failed else 0
+        return 0 if error is None else 1
 
     async def _connect(self) -> None:
         """Until Redis answers and the groups exist; never gives up (a crash loop would
@@ -116,10 +110,8 @@ class Worker:
                 room = min(room, 1)  # a probe: one entry, handed back if writes still fail
             if room == 0:
                 st.capacity.clear()
-                try:
+                with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(st.capacity.wait(), timeout=0.5)
-                except asyncio.TimeoutError:
-                    pass
                 continue
             try:
                 if time.monotonic() >= next_refresh:
@@ -144,16 +136,15 @@ class Worker:
         kind = self.state.redis.on_error(exc, doing)
         if kind is Kind.MISSING:
             try:
-                await self.state.io.ensure_groups(self.intake.streams)
+                await self.state.io.ensure_groups(list(self.sources.streams))
             except Exception as again:  # noqa: BLE001
                 self.state.redis.on_error(again, "recreating the consumer groups")
                 await backoff.sleep()
         elif kind in (Kind.DENIED, Kind.REDIRECT, Kind.OOM):
             await asyncio.sleep(SLOW_RETRY_S)
-        elif kind is Kind.REQUEST:  # unexpected: logged with its traceback, never fatal
-            logger.error("unexpected error while %s", doing, exc_info=exc)
-            await backoff.sleep()
         else:
+            if kind is Kind.REQUEST:  # unexpected: logged with its traceback, never fatal
+                logger.error("unexpected error while %s", doing, exc_info=exc)
             await backoff.sleep()
 
     async def _take(self, entries, *, extra) -> None:
@@ -165,12 +156,11 @@ class Worker:
             st.redis.on_ok(wrote=False)
             return
         accepted = await accept(st.io, self.options, entries, st.metrics)
-        running = accepted.running
         if st.draining:
-            accepted.handback += [inf.entry for inf in running]
-            running = []
+            accepted.handback += [inf.entry for inf in accepted.running]
+            accepted.running = []
         sources, held = self.sources.streams, self._held()
-        for inf in running:
+        for inf in accepted.running:
             source = sources.get(inf.entry.stream)
             if source is not None:  # a tenant holding less waits less in the engine's queue
                 h = held.setdefault(source.name, Held())
@@ -258,7 +248,7 @@ class Worker:
     async def _delete_consumer_if_idle(self) -> None:
         """Delete this consumer only when nothing is pending on it (never lose entries)."""
         client = self.state.io.client
-        for stream in self.intake.streams:
+        for stream in self.sources.streams:
             pending = await client.xpending_range(stream, keys.GROUP, "-", "+", 1,
                                                   consumername=self.options.worker_id)
             if not pending:
