@@ -47,6 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vllm-dtype", default="float32", choices=("float32", "bfloat16"),
                    help="vLLM's dtype (bfloat16: beside --engine-args '--dtype bfloat16')")
     p.add_argument("--ggufs", default="F32,Q4_1", help="llama.cpp formats to run: F32, Q8_0, Q4_K_M, Q4_1")
+    p.add_argument("--llama-args", default="", help="extra llama-server arguments, e.g. --llama-args=--no-repack "
+                   "(on an Intel Xeon with AMX, llama.cpp 0.3.36's Q4_1 weight repacking crashed at load)")
     p.add_argument("--skip", default="", help=f"comma-separated engines to leave out: {', '.join(ENGINES)}")
     p.add_argument("--batch1-prompt", type=int, default=32)
     p.add_argument("--batch1-tokens", type=int, default=128)
@@ -131,8 +133,9 @@ def _run_llama(args: argparse.Namespace, job: dict, logs: Path) -> dict[str, dic
     found = disc.find_llama(formats=formats)
     if not found.ok:
         return {"llama.cpp": {"skipped": found.missing}}
+    extra = tuple(shlex.split(getattr(args, "llama_args", "")))
     return {f"llama.cpp {fmt}": _guarded(lambda fmt=fmt: run_llama(
-        found.paths["llama-server"], found.paths[fmt], job, args.threads, logs / f"llama-{fmt}.log"))
+        found.paths["llama-server"], found.paths[fmt], job, args.threads, logs / f"llama-{fmt}.log", extra))
         for fmt in formats}
 
 

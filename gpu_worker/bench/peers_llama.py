@@ -21,11 +21,13 @@ SLOTS = 16
 CONTEXT_PER_SLOT = 1024     # the workload's longest request is 384 + 160 tokens
 
 
-def server_command(binary: Path, gguf: Path, port: int, threads: int, kv_type: str) -> list[str]:
-    """``llama-server`` on loopback only: ``SLOTS`` parallel sequences, continuous batching."""
+def server_command(binary: Path, gguf: Path, port: int, threads: int, kv_type: str,
+                   extra: tuple[str, ...] = ()) -> list[str]:
+    """``llama-server`` on loopback only: ``SLOTS`` parallel sequences, continuous batching,
+    then ``extra`` (``--no-repack``, say)."""
     return [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
             "-t", str(threads), "-tb", str(threads), "-np", str(SLOTS), "-cb", "-c", str(SLOTS * CONTEXT_PER_SLOT),
-            "-ctk", kv_type, "-ctv", kv_type, "--no-webui", "--log-disable"]
+            "-ctk", kv_type, "-ctv", kv_type, "--no-webui", "--log-disable", *extra]
 
 
 def completion_body(prompt: list[int], n: int) -> dict:
@@ -63,11 +65,11 @@ def _wait_ready(port: int, proc: subprocess.Popen, timeout: float = 120) -> None
 
 
 @contextmanager
-def server(binary: Path, gguf: Path, threads: int, kv_type: str, log_path: Path):
+def server(binary: Path, gguf: Path, threads: int, kv_type: str, log_path: Path, extra: tuple[str, ...] = ()):
     """A running llama-server; yields its port and stops it on exit."""
     port = _free_port()
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(server_command(binary, gguf, port, threads, kv_type), stdout=log,
+        proc = subprocess.Popen(server_command(binary, gguf, port, threads, kv_type, extra), stdout=log,
                                 stderr=subprocess.STDOUT)
     try:
         _wait_ready(port, proc)
@@ -90,13 +92,13 @@ def http_generate(port: int):
     return generate
 
 
-def run_llama(binary: Path, gguf: Path, job: dict, threads: int, log_path: Path) -> dict:
+def run_llama(binary: Path, gguf: Path, job: dict, threads: int, log_path: Path, extra: tuple[str, ...] = ()) -> dict:
     """The peers job against one GGUF; f32 KV cache for an F32 GGUF, f16 for the others."""
     kv_type = "f32" if "F32" in gguf.name else "f16"
     t0 = time.perf_counter()
-    with server(binary, gguf, threads, kv_type, log_path) as port:
+    with server(binary, gguf, threads, kv_type, log_path, extra) as port:
         load_s = time.perf_counter() - t0
         result = run_job(job, http_generate(port))
     settings = {"gguf": gguf.name, "threads": threads, "slots": SLOTS, "kv_type": kv_type,
-                "context": SLOTS * CONTEXT_PER_SLOT}
+                "context": SLOTS * CONTEXT_PER_SLOT, "extra_args": list(extra)}
     return {"load_s": load_s, "threads": threads, "settings": settings, **result}
