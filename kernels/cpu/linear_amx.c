@@ -6,10 +6,12 @@
  *
  * Per call, x is converted once (by all threads, in row blocks) into a bf16 copy laid out as
  * its A tiles one after another, rows padded to a multiple of 32, in a buffer kept per thread.
- * Each thread takes whole weight tiles (32 output channels), re-lays the tile into the
- * pair-interleaved layout TDPBF16PS reads (k and k + 1 of a channel side by side: "VNNI") in
- * a buffer of its own, then runs every 32-row block of x against it: two A tiles (16 rows x
- * 32 k), two B tiles (32 k x 16 channels) and four float32 accumulator tiles per step of 32 k.
+ * Each thread takes a contiguous run of weight tiles (32 output channels each) and re-lays
+ * them, a group of up to GROUP_BYTES at a time, into the pair-interleaved layout TDPBF16PS
+ * reads (k and k + 1 of a channel side by side: "VNNI") in a buffer of its own; each 32-row
+ * block of x then runs against every tile of the group (x in L1, the weights in L2): two A
+ * tiles (16 rows x 32 k), two B tiles (32 k x 16 channels) and four float32 accumulator tiles
+ * per step of 32 k.
  *
  * W8A8 (linear_w8a8.c) of at least AMX_ROWS rows runs here too, on AMX-INT8: its weight tiles
  * ([K/4][32][4], four k of a channel in 32 bits) are already the layout TDPBUSD reads, and
@@ -26,6 +28,7 @@
 
 #if defined(FLEET_AVX512) && defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AMX_INT8__) \
     && defined(__AVX512BF16__) && defined(__AVX512VNNI__) && defined(__linux__)
+#include <omp.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -94,17 +97,21 @@ static void round_rows(const float *x, int64_t M, int64_t K, int64_t r0, uint16_
     }
 }
 
-/* This thread's bf16 copy of x, kept between calls (grown as needed, never freed). */
-static uint16_t *x_workspace(size_t elements) {
-    static __thread uint16_t *buf;
-    static __thread size_t size;
-    if (elements > size) {
-        free(buf);
-        buf = aligned_alloc(64, (elements * sizeof(uint16_t) + 63) / 64 * 64);
-        size = buf ? elements : 0;
+/* A buffer of this thread's, kept between calls (grown as needed, never freed): x's bf16
+ * copy (slot 0) and the re-laid weight tiles of a group (slot 1). */
+static uint16_t *workspace(int slot, size_t elements) {
+    static __thread uint16_t *buf[2];
+    static __thread size_t size[2];
+    if (elements > size[slot]) {
+        free(buf[slot]);
+        buf[slot] = aligned_alloc(64, (elements * sizeof(uint16_t) + 63) / 64 * 64);
+        size[slot] = buf[slot] ? elements : 0;
     }
-    return buf;
+    return buf[slot];
 }
+
+/* Weight tiles re-laid per group: as many as fit GROUP_BYTES (in L2), at least one. */
+#define GROUP_BYTES (512 * 1024)
 
 /* One 32 x 32 block of results (c [32][32]) into out: `rows` rows, `cols` channels, + bias. */
 static void store_block(const float *c, int rows, int cols, const float *bias, float *out, int64_t ldo) {
@@ -116,49 +123,60 @@ static void store_block(const float *c, int rows, int cols, const float *bias, f
     }
 }
 
+/* The 32 x 32 block of rows r0 .. r0 + 32 (A tiles a) against one re-laid weight tile vb. */
+static void bf16_block(const uint16_t *a, const uint16_t *vb, int64_t K, float *c) {
+    _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+    for (int64_t k0 = 0; k0 < K; k0 += 32) {
+        _tile_loadd(4, a + k0 * 16, 64);
+        _tile_loadd(5, a + 16 * K + k0 * 16, 64);
+        _tile_loadd(6, vb + k0 * TILE, 128);
+        _tile_loadd(7, vb + k0 * TILE + 32, 128);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(0, c, 128);
+    _tile_stored(1, c + 16, 128);
+    _tile_stored(2, c + 16 * 32, 128);
+    _tile_stored(3, c + 16 * 32 + 16, 128);
+}
+
 int fleet_linear_amx(const float *x, int64_t M, int64_t N, int64_t K, const void *data, const float *bias,
                      float *out, int num_threads) {
     if (K % 32 || M < 1 || !fleet_amx_ready()) return 1;
     const int64_t Mp = (M + 31) / 32 * 32, tiles = (N + TILE - 1) / TILE;
-    uint16_t *xb = x_workspace((size_t)(Mp * K));
+    const int64_t group = GROUP_BYTES / (K * TILE * 2) > 1 ? GROUP_BYTES / (K * TILE * 2) : 1;
+    uint16_t *xb = workspace(0, (size_t)(Mp * K));
     if (!xb) return 3;
     int failed = 0;
     #pragma omp parallel num_threads(num_threads) if (tiles > 1)
     {
         #pragma omp for schedule(static)
         for (int64_t r0 = 0; r0 < Mp; r0 += 16) round_rows(x, M, K, r0, xb);
-        uint16_t *vb = aligned_alloc(64, (size_t)K * TILE * sizeof(uint16_t));
+        /* Each thread a contiguous run of tiles, in groups: the group's weights are re-laid once
+         * and stay in L2 while each 32-row block of x (in L1) runs against all of them. */
+        const int nt = omp_get_num_threads(), id = omp_get_thread_num();
+        const int64_t first = tiles * id / nt, last = tiles * (id + 1) / nt;
+        uint16_t *vb = last > first ? workspace(1, (size_t)(group * K * TILE)) : NULL;
         float c[32 * 32] __attribute__((aligned(64)));
-        if (!vb) failed = 3;
-        else configure_tiles();
-        #pragma omp for schedule(static)
-        for (int64_t i = 0; i < tiles; i++) {
-            if (!vb) continue;
-            interleave_pairs((const uint16_t *)data + i * K * TILE, K, vb);
-            const int cols = N - i * TILE < TILE ? (int)(N - i * TILE) : TILE;
-            for (int64_t r0 = 0; r0 < Mp; r0 += 32) {
-                _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
-                const uint16_t *a = xb + r0 * K;
-                for (int64_t k0 = 0; k0 < K; k0 += 32) {
-                    _tile_loadd(4, a + k0 * 16, 64);
-                    _tile_loadd(5, a + 16 * K + k0 * 16, 64);
-                    _tile_loadd(6, vb + k0 * TILE, 128);
-                    _tile_loadd(7, vb + k0 * TILE + 32, 128);
-                    _tile_dpbf16ps(0, 4, 6);
-                    _tile_dpbf16ps(1, 4, 7);
-                    _tile_dpbf16ps(2, 5, 6);
-                    _tile_dpbf16ps(3, 5, 7);
-                }
-                _tile_stored(0, c, 128);
-                _tile_stored(1, c + 16, 128);
-                _tile_stored(2, c + 16 * 32, 128);
-                _tile_stored(3, c + 16 * 32 + 16, 128);
-                const int rows = M - r0 < 32 ? (int)(M - r0) : 32;
-                store_block(c, rows, cols, bias ? bias + i * TILE : NULL, out + r0 * N + i * TILE, N);
+        if (last > first && !vb) failed = 3;
+        if (vb) {
+            configure_tiles();
+            for (int64_t g0 = first; g0 < last; g0 += group) {
+                const int64_t g1 = g0 + group < last ? g0 + group : last;
+                for (int64_t i = g0; i < g1; i++)
+                    interleave_pairs((const uint16_t *)data + i * K * TILE, K, vb + (i - g0) * K * TILE);
+                for (int64_t r0 = 0; r0 < Mp; r0 += 32)
+                    for (int64_t i = g0; i < g1; i++) {
+                        bf16_block(xb + r0 * K, vb + (i - g0) * K * TILE, K, c);
+                        const int rows = M - r0 < 32 ? (int)(M - r0) : 32;
+                        const int cols = N - i * TILE < TILE ? (int)(N - i * TILE) : TILE;
+                        store_block(c, rows, cols, bias ? bias + i * TILE : NULL, out + r0 * N + i * TILE, N);
+                    }
             }
+            _tile_release();
         }
-        if (vb) _tile_release();
-        free(vb);
     }
     return failed;
 }
