@@ -181,51 +181,66 @@ int fleet_linear_amx(const float *x, int64_t M, int64_t N, int64_t K, const void
     return failed;
 }
 
+/* The int32 sums of the 32 x 32 block of rows a .. a + 32 (x's codes, rows K apart) and one
+ * weight tile w ([K/4][32][4]) into c [32][32]. */
+static void w8a8_block(const uint8_t *a, const int8_t *w, int64_t K, int32_t *c) {
+    _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+    for (int64_t k0 = 0; k0 < K; k0 += 64) {
+        _tile_loadd(4, a + k0, K);
+        _tile_loadd(5, a + 16 * K + k0, K);
+        _tile_loadd(6, w + k0 * TILE, 128);
+        _tile_loadd(7, w + k0 * TILE + 64, 128);
+        _tile_dpbusd(0, 4, 6);
+        _tile_dpbusd(1, 4, 7);
+        _tile_dpbusd(2, 5, 6);
+        _tile_dpbusd(3, 5, 7);
+    }
+    _tile_stored(0, c, 128);
+    _tile_stored(1, c + 16, 128);
+    _tile_stored(2, c + 16 * 32, 128);
+    _tile_stored(3, c + 16 * 32 + 16, 128);
+}
+
+/* y = xs * scale * (sum - comp) (+ b) for `rows` rows and `cols` channels of a block. */
+static void w8a8_store(const int32_t *c, int rows, int cols, const float *xs, const float *scale,
+                       const int32_t *comp, const float *bias, float *out, int64_t ldo) {
+    const vm mask[2] = {vm_first(cols), vm_first(cols - 16)};
+    for (int h = 0; h < 2; h++) {
+        const __m512 sc = _mm512_loadu_ps(scale + 16 * h);
+        const __m512i cp = _mm512_loadu_si512(comp + 16 * h);
+        const vf b = bias ? vf_load_mask(bias + 16 * h, mask[h]) : vf_zero();
+        for (int r = 0; r < rows; r++) {
+            const __m512i sum = _mm512_sub_epi32(_mm512_loadu_si512(c + r * 32 + 16 * h), cp);
+            const __m512 y = _mm512_mul_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(sc, _mm512_set1_ps(xs[r])));
+            vf_store_mask(out + r * ldo + 16 * h, mask[h], vf_add(y, b));
+        }
+    }
+}
+
 /* W8A8 over its VNNI tiles: xu [Mp][K] the codes of x (+128, rows M .. Mp anything), xs [M]
- * their scales; y = xs * scale * (sum - comp) (+ b), in the VNNI path's order of operations. */
+ * their scales; y = xs * scale * (sum - comp) (+ b), in the VNNI path's order of operations.
+ * Each thread's tiles go in groups of up to GROUP_BYTES, every 32-row block against the group. */
 int fleet_w8a8_amx(const uint8_t *xu, const float *xs, int64_t M, int64_t N, int64_t K, const int8_t *codes,
                    const float *scales, const int32_t *comps, const float *bias, float *out, int num_threads) {
     if (K % 64 || M < 1 || !fleet_amx_ready()) return 1;
     const int64_t Mp = (M + 31) / 32 * 32, tiles = (N + TILE - 1) / TILE;
+    const int64_t group = GROUP_BYTES / (K * TILE) > 1 ? GROUP_BYTES / (K * TILE) : 1;
     #pragma omp parallel num_threads(num_threads) if (tiles > 1)
     {
+        const int nt = omp_get_num_threads(), id = omp_get_thread_num();
+        const int64_t first = tiles * id / nt, last = tiles * (id + 1) / nt;
         int32_t c[32 * 32] __attribute__((aligned(64)));
         configure_tiles();
-        #pragma omp for schedule(static)
-        for (int64_t i = 0; i < tiles; i++) {
-            const int8_t *w = codes + i * K * TILE;
-            const int cols = N - i * TILE < TILE ? (int)(N - i * TILE) : TILE;
-            for (int64_t r0 = 0; r0 < Mp; r0 += 32) {
-                _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
-                const uint8_t *a = xu + r0 * K;
-                for (int64_t k0 = 0; k0 < K; k0 += 64) {
-                    _tile_loadd(4, a + k0, K);
-                    _tile_loadd(5, a + 16 * K + k0, K);
-                    _tile_loadd(6, w + k0 * TILE, 128);
-                    _tile_loadd(7, w + k0 * TILE + 64, 128);
-                    _tile_dpbusd(0, 4, 6);
-                    _tile_dpbusd(1, 4, 7);
-                    _tile_dpbusd(2, 5, 6);
-                    _tile_dpbusd(3, 5, 7);
+        for (int64_t g0 = first; g0 < last; g0 += group) {
+            const int64_t g1 = g0 + group < last ? g0 + group : last;
+            for (int64_t r0 = 0; r0 < Mp; r0 += 32)
+                for (int64_t i = g0; i < g1; i++) {
+                    w8a8_block(xu + r0 * K, codes + i * K * TILE, K, c);
+                    const int rows = M - r0 < 32 ? (int)(M - r0) : 32;
+                    const int cols = N - i * TILE < TILE ? (int)(N - i * TILE) : TILE;
+                    w8a8_store(c, rows, cols, xs + r0, scales + i * TILE, comps + i * TILE,
+                               bias ? bias + i * TILE : NULL, out + r0 * N + i * TILE, N);
                 }
-                _tile_stored(0, c, 128);
-                _tile_stored(1, c + 16, 128);
-                _tile_stored(2, c + 16 * 32, 128);
-                _tile_stored(3, c + 16 * 32 + 16, 128);
-                const int rows = M - r0 < 32 ? (int)(M - r0) : 32;
-                const vm mask[2] = {vm_first(cols), vm_first(cols - 16)};
-                for (int h = 0; h < 2; h++) {
-                    const __m512 sc = _mm512_loadu_ps(scales + i * TILE + 16 * h);
-                    const __m512i cp = _mm512_loadu_si512(comps + i * TILE + 16 * h);
-                    const vf b = bias ? vf_load_mask(bias + i * TILE + 16 * h, mask[h]) : vf_zero();
-                    for (int r = 0; r < rows; r++) {
-                        const __m512i sum = _mm512_sub_epi32(_mm512_loadu_si512(c + r * 32 + 16 * h), cp);
-                        const __m512 y = _mm512_mul_ps(_mm512_cvtepi32_ps(sum),
-                                                       _mm512_mul_ps(sc, _mm512_set1_ps(xs[r0 + r])));
-                        vf_store_mask(out + (r0 + r) * N + i * TILE + 16 * h, mask[h], vf_add(y, b));
-                    }
-                }
-            }
         }
         _tile_release();
     }

@@ -8,7 +8,7 @@
  * scale [N], and comp[n] = 128 * sum_k q[n][k], which takes the +128 back out:
  *   y[r][n] = xs[r] * scale[n] * (sum_k (xq + 128) q - comp[n]) (+ b[n]).
  * Sums are exact in int32 (|sum| < 2^31 for K < 33,000); the float conversion and the two
- * scalings round. From AMX_ROWS rows on a CPU with AMX-INT8 the same sums come from the tile
+ * scalings round. From AMX_W8A8_ROWS rows on a CPU with AMX-INT8 the same sums come from the tile
  * unit (linear_amx.c): the same bits.
  */
 #include <stdint.h>
@@ -163,7 +163,7 @@ int fleet_linear_w8a8(const float *x, int64_t M, int64_t N, int64_t K, const int
     }
     quantize_rows(x, M, K, xu, xs);
 #if defined(__AVX512VNNI__)
-    if (M >= AMX_ROWS) {
+    if (M >= AMX_W8A8_ROWS) {
         memset(xu + M * K, 128, (size_t)((padded - M) * K));   /* zero codes in the padding */
         if (!fleet_w8a8_amx(xu, xs, M, N, K, codes, scales, comps, bias, out, num_threads)) {
             free(xu);
