@@ -36,13 +36,10 @@ def build_parser() -> argparse.ArgumentParser:
     top = parser.add_subparsers(dest="command", required=True)
     groups: dict[str, argparse._SubParsersAction] = {}
     for path, (module_name, help_text) in COMMANDS.items():
-        if len(path) == 1:
-            sub = top.add_parser(path[0], help=help_text)
-        else:
-            if path[0] not in groups:
-                group = top.add_parser(path[0], help=f"{path[0]} sub-commands")
-                groups[path[0]] = group.add_subparsers(dest="subcommand", required=True)
-            sub = groups[path[0]].add_parser(path[1], help=help_text)
+        if len(path) > 1 and path[0] not in groups:
+            group = top.add_parser(path[0], help=f"{path[0]} sub-commands")
+            groups[path[0]] = group.add_subparsers(dest="subcommand", required=True)
+        sub = (top if len(path) == 1 else groups[path[0]]).add_parser(path[-1], help=help_text)
         sub.set_defaults(_module=module_name)
         _add_arguments_lazily(sub, module_name)
     return parser

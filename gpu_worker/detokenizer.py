@@ -41,23 +41,19 @@ class IncrementalDetokenizer:
                 self.text += full[len(prefix):]
                 self._prefix_offset = self._read_offset
                 self._read_offset = len(self._ids)
-                hit = self._find_stop(start) if check_stop else None
-                if hit is not None:
+                if check_stop and (hit := self._find_stop(start)) is not None:
                     return hit
         return None
 
     def _find_stop(self, new_start: int) -> str | None:
-        if not self.stop:
-            return None
-        best, best_pos = None, None
+        """The stop string that appears first (the first listed on a tie), cut from the text."""
         window_start = max(new_start - self._hold, 0)
-        for s in self.stop:
-            pos = self.text.find(s, window_start)
-            if pos != -1 and (best_pos is None or pos < best_pos):
-                best, best_pos = s, pos
-        if best is not None:
-            self.text = self.text[:best_pos]
-        return best
+        hits = [(pos, i) for i, s in enumerate(self.stop) if (pos := self.text.find(s, window_start)) != -1]
+        if not hits:
+            return None
+        pos, i = min(hits)
+        self.text = self.text[:pos]
+        return self.stop[i]
 
     def take(self, final: bool) -> str:
         """Text ready to hand out. While running, the last ``len(longest stop) - 1``

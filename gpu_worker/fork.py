@@ -75,30 +75,24 @@ class ParallelSampling:
         group = self._groups[request_id] = _Group(request_id, samples[1:], {indices[0]})
         for i in indices:
             self._by_engine_id[engine_id(request_id, i)] = (request_id, i)
-        if not samples[0].output_token_ids or len(samples) == 1:
-            return
-        self._fork(group)  # a resumed leader: its prompt blocks are no more shared than others'
+        if samples[0].output_token_ids and len(samples) > 1:
+            self._fork(group)  # a resumed leader: its prompt blocks are no more shared than others'
 
     def abort_request(self, request_id: str, reason: str = "cancelled") -> bool:
         """End every sample of a request (those not queued yet end at the next step)."""
         group = self._groups.get(request_id)
         if group is None:
             return self.engine.abort_request(request_id, reason)
-        found = False
-        for i in list(group.running):
-            found = self.engine.abort_request(engine_id(request_id, i), reason) or found
+        aborted = [self.engine.abort_request(engine_id(request_id, i), reason) for i in list(group.running)]
         self._end_waiting(group, reason)
-        return found or bool(group.running)
+        return any(aborted) or bool(group.running)
 
     def step(self) -> list[RequestDelta]:
         """One engine step; each sample's delta carries its request's id and its index."""
         out, self._pending_ends = self._pending_ends, []
         for d in self.engine.step() if self.engine.has_unfinished_requests() else []:
             owner = self._by_engine_id.get(d.request_id)
-            if owner is None:
-                out.append(d)
-                continue
-            out += self._sample_deltas(d, *owner)
+            out += [d] if owner is None else self._sample_deltas(d, *owner)
         return out
 
     def _sample_deltas(self, d: RequestDelta, request_id: str, index: int) -> list[RequestDelta]:

@@ -26,8 +26,7 @@ class BlockPool:
     def __init__(self, num_blocks: int) -> None:
         if num_blocks < 1:
             raise ValueError(f"a KV cache needs at least one block, got {num_blocks}")
-        self.blocks = [Block(i) for i in range(num_blocks)]
-        self._free: OrderedDict[int, Block] = OrderedDict((b.block_id, b) for b in self.blocks)
+        self._free: OrderedDict[int, Block] = OrderedDict((i, Block(i)) for i in range(num_blocks))
         self._cached: dict[int, Block] = {}
 
     @property
@@ -36,20 +35,16 @@ class BlockPool:
 
     def lookup(self, block_hash: int, token_ids: tuple[int, ...]) -> Block | None:
         block = self._cached.get(block_hash)
-        if block is None or block.token_ids != token_ids:
-            return None
-        return block
+        return block if block is not None and block.token_ids == token_ids else None
 
     def take_new(self, n: int) -> list[Block]:
         """Pop ``n`` least-recently-freed blocks, evicting their cached content."""
         assert n <= len(self._free), "caller must check num_free_blocks"
-        out = []
-        for _ in range(n):
-            _, block = self._free.popitem(last=False)
+        blocks = [self._free.popitem(last=False)[1] for _ in range(n)]
+        for block in blocks:
             self._evict(block)
             block.ref_count = 1
-            out.append(block)
-        return out
+        return blocks
 
     def touch(self, blocks: Sequence[Block]) -> None:
         """Add a reference (a prefix hit); a block in the free queue leaves it."""
@@ -67,9 +62,7 @@ class BlockPool:
                 self._free[block.block_id] = block
 
     def cache(self, block: Block, block_hash: int, token_ids: tuple[int, ...]) -> None:
-        if block.block_hash is not None:
-            return
-        if block_hash in self._cached:  # same content computed twice: keep the first copy
+        if block.block_hash is not None or block_hash in self._cached:  # content cached already: keep the first
             return
         block.block_hash, block.token_ids = block_hash, token_ids
         self._cached[block_hash] = block
@@ -79,11 +72,6 @@ class BlockPool:
             if self._cached.get(block.block_hash) is block:
                 del self._cached[block.block_hash]
             block.block_hash, block.token_ids = None, ()
-
-    def reset_prefix_cache(self) -> None:
-        for block in self.blocks:
-            if block.ref_count == 0:
-                self._evict(block)
 
 
 @dataclass
@@ -121,8 +109,7 @@ class KVCacheManager:
         if not self.enable_prefix_caching:
             return [], 0
         bs, parent, hits = self.block_size, None, []
-        max_blocks = (len(token_ids) - 1) // bs
-        for i in range(max_blocks):
+        for i in range((len(token_ids) - 1) // bs):
             chunk = tuple(token_ids[i * bs:(i + 1) * bs])
             parent = hash((parent, chunk))
             block = self.pool.lookup(parent, chunk)

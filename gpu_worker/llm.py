@@ -49,31 +49,25 @@ class LLM:
         """Run every prompt in one continuous batch; results in prompt order. A bad prompt
         raises before anything runs. ``n > 1``: each prompt's ``n`` samples share its KV
         blocks; an output is its sample 0 with all ``n`` in ``choices``."""
-        prompts = _as_list(prompts)
-        outputs: dict[str, list[CompletionOutput]] = {}
-        order = []
-        for rid, ids, p in self._submit(prompts, params, n):
-            outputs[rid] = [CompletionOutput(request_id=rid, prompt_token_ids=ids, index=i) for i in range(n)]
-            order.append(rid)
+        outputs = {rid: [CompletionOutput(request_id=rid, prompt_token_ids=ids, index=i) for i in range(n)]
+                   for rid, ids, _ in self._submit(_as_list(prompts), params, n)}   # in prompt order
         while self.sampling.has_unfinished_requests():
             for delta in self.sampling.step():
                 _accumulate(outputs[delta.request_id][delta.index], delta)
-        return [_merged(outputs[rid]) for rid in order]
+        return [_merged(choices) for choices in outputs.values()]
 
     def stream(self, prompts: Prompt | Sequence[Prompt],
                params: SamplingParams | Sequence[SamplingParams] | None = None, *,
                n: int = 1) -> Iterator[tuple[int, RequestDelta]]:
         """Yield ``(prompt index, delta)`` as tokens come, across all prompts at once
         (``delta.index``: the sample, with ``n > 1``)."""
-        prompts = _as_list(prompts)
-        index = {rid: i for i, (rid, _, _) in enumerate(self._submit(prompts, params, n))}
+        index = {rid: i for i, (rid, _, _) in enumerate(self._submit(_as_list(prompts), params, n))}
         while self.sampling.has_unfinished_requests():
             for delta in self.sampling.step():
                 yield index[delta.request_id], delta
 
     def _submit(self, prompts: list, params, n: int = 1) -> list[tuple[str, list[int], SamplingParams]]:
-        if params is None:
-            params = SamplingParams()
+        params = SamplingParams() if params is None else params
         plist = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
         if len(plist) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(plist)} SamplingParams")
@@ -96,7 +90,7 @@ def _as_list(prompts) -> list:
     if isinstance(prompts, str):
         return [prompts]
     items = list(prompts)
-    if items and (isinstance(items[0], dict) or isinstance(items[0], int)):
+    if items and isinstance(items[0], (dict, int)):
         return [items]      # a single chat or a single token-id list
     return items
 

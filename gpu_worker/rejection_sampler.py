@@ -29,13 +29,13 @@ def verify_drafts(sampler: Sampler, logits: torch.Tensor, rows: list[SamplingRow
     if sampled_rows:
         p = sampler.probs(processed[sampled_rows], [rows[i] for i in sampled_rows])
         probs = {row: p[k] for k, row in enumerate(sampled_rows)}
-    offset = 0
+    first = 0   # the request's first row in rows and logits
     for s, _, n in logits_rows:
         req = s.request
         drafts = req.spec_token_ids[:n - 1]
         tokens = []
         for j in range(n):
-            row = offset + j
+            row = first + j
             if rows[row].params.greedy:
                 tokens.append(greedy_ids[row])
                 if j == n - 1 or greedy_ids[row] != drafts[j]:
@@ -45,15 +45,14 @@ def verify_drafts(sampler: Sampler, logits: torch.Tensor, rows: list[SamplingRow
             tokens.append(token)
             if not accepted:
                 break
-        offset += n
         rid = req.request_id
         out.sampled[rid] = tokens
         out.num_drafted[rid] = n - 1
         out.num_accepted[rid] = len(tokens) - 1
         if raw is not None:
-            first = offset - n
-            out.logprobs[rid] = gather_logprobs(raw[first:first + len(tokens)], tokens,
-                                                 rows[first:first + len(tokens)])
+            kept = slice(first, first + len(tokens))
+            out.logprobs[rid] = gather_logprobs(raw[kept], tokens, rows[kept])
+        first += n
 
 
 def _sample_or_accept(sampler: Sampler, p: torch.Tensor, row: SamplingRow, draft: int | None) -> tuple[int, bool]:

@@ -126,8 +126,7 @@ class RequestFactory:
         prompt, resumed = list(prompt_token_ids), list(resume_token_ids)
         self._validate(prompt, resumed, params)
         detok = IncrementalDetokenizer(self.tokenizer, params.stop)
-        if resumed:
-            detok.prime(resumed)
+        detok.prime(resumed)   # the text of tokens already delivered is not handed out again
         pending = None
         if params.structured is not None:
             if self.grammars is None:

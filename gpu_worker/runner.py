@@ -84,10 +84,9 @@ class ModelRunner:
             hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, plan)
             if self.observe is not None:
                 self.observe(batch.input_ids, batch.positions, plan)
-        if not batch.logits_rows:
-            return out
-        logits = self.model.compute_logits(hidden.index_select(0, batch.logits_index)).cpu()
-        self.sample(batch, logits, out)
+        if batch.logits_rows:
+            logits = self.model.compute_logits(hidden.index_select(0, batch.logits_index)).cpu()
+            self.sample(batch, logits, out)
         return out
 
     def prepare(self, sched: SchedulerOutput) -> _Batch:

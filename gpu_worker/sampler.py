@@ -134,9 +134,9 @@ def _filter_top_k_top_p(logits: torch.Tensor, rows: list[SamplingRow]) -> None: 
     sorted_logits, order = logits.sort(dim=-1, descending=True)
     ranks = torch.arange(vocab)[None, :]
     drop = ranks >= top_k[:, None]
-    cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+    probs = sorted_logits.softmax(dim=-1)
     # Drop a token once the mass before it already reaches top_p (the first always stays).
-    drop |= (cum - sorted_logits.softmax(dim=-1)) >= top_p[:, None]
+    drop |= (probs.cumsum(dim=-1) - probs) >= top_p[:, None]
     drop[:, 0] = False
     sorted_logits.masked_fill_(drop, float("-inf"))
     logits.scatter_(-1, order, sorted_logits)
@@ -159,9 +159,6 @@ def gather_logprobs(logprobs: torch.Tensor | None, token_ids: list[int],
         if n is None:
             out.append(TokenLogprob(tok, 0.0))
             continue
-        top = ()
-        if n > 0:
-            vals, ids = logprobs[i].topk(min(n, logprobs.shape[-1]))
-            top = tuple(zip(ids.tolist(), vals.tolist()))
-        out.append(TokenLogprob(tok, float(logprobs[i, tok]), top))
+        vals, ids = logprobs[i].topk(min(n, logprobs.shape[-1]))   # n == 0: no alternatives
+        out.append(TokenLogprob(tok, float(logprobs[i, tok]), tuple(zip(ids.tolist(), vals.tolist()))))
     return out

@@ -13,38 +13,24 @@ class Tokenizer:
     def __init__(self, model_dir: str | Path) -> None:
         from transformers import AutoTokenizer
 
-        self._hf = AutoTokenizer.from_pretrained(str(model_dir))
-        self.eos_token_id: int | None = self._hf.eos_token_id
-        self.vocab_size = len(self._hf)
-
-    @property
-    def hf(self):
-        """The underlying transformers tokenizer (for references and detokenizing)."""
-        return self._hf
+        self.hf = AutoTokenizer.from_pretrained(str(model_dir))   # the transformers tokenizer itself
 
     def encode(self, text: str) -> list[int]:
-        return list(self._hf(text, add_special_tokens=True)["input_ids"])
+        return list(self.hf(text, add_special_tokens=True)["input_ids"])
 
     def apply_chat_template(self, messages: Sequence[dict]) -> list[int]:
         """Token ids of a chat, ending with the assistant's generation prompt."""
         if not messages:
             raise InvalidRequestError("empty_prompt", "chat has no messages")
         try:
-            out = self._hf.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
+            out = self.hf.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
         except Exception as exc:  # a template error is the caller's bad input
             raise InvalidRequestError("invalid_messages", f"chat template failed: {exc}") from exc
-        ids = out["input_ids"] if hasattr(out, "keys") else out
-        return list(ids)
+        return list(out["input_ids"] if hasattr(out, "keys") else out)
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
-        return self._hf.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
-
-    def convert_ids_to_tokens(self, token_ids: Sequence[int]) -> list[str]:
-        return self._hf.convert_ids_to_tokens(list(token_ids))
-
-    def convert_tokens_to_string(self, tokens: list[str]) -> str:
-        return self._hf.convert_tokens_to_string(tokens)
+        return self.hf.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
 
     @property
     def all_special_ids(self) -> set[int]:
-        return set(self._hf.all_special_ids)
+        return set(self.hf.all_special_ids)

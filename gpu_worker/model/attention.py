@@ -12,6 +12,7 @@ which reads the paged context in place (``fleet bench cpu-attention`` compares b
 """
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -102,10 +103,8 @@ def plan_native_attention(meta: AttentionMetadata) -> CpuAttentionPlan:
         return plan_cpu_attention(meta)
     nd = meta.num_decodes
     decode_lens = torch.tensor(meta.seq_lens[:nd], dtype=torch.int64) if nd else None
-    rows, first = [], nd          # prefill chunks follow the decode rows, one row per new token
-    for s in range(nd, len(meta.seq_lens)):
-        rows.append((first, meta.query_lens[s], meta.seq_lens[s]))
-        first += meta.query_lens[s]
+    q_lens = meta.query_lens[nd:]   # prefill chunks follow the decode rows, one row per new token
+    rows = list(zip(itertools.accumulate(q_lens, initial=nd), q_lens, meta.seq_lens[nd:]))
     chunks = torch.tensor(rows, dtype=torch.int64) if rows else None
     tables = meta.block_tables if nd == len(meta.seq_lens) else meta.block_tables[:nd]
     return CpuAttentionPlan(meta, decode_lens, chunks, tables if nd else None)

@@ -43,18 +43,13 @@ def load_state_dict(model_dir: Path) -> dict[str, torch.Tensor]:
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
         raise ModelLoadError(f"no *.safetensors weights in {model_dir}")
-    state: dict[str, torch.Tensor] = {}
-    for f in files:
-        state.update(load_file(str(f)))
-    return state
+    return {name: t for f in files for name, t in load_file(str(f)).items()}
 
 
 def _eos_token_ids(model_dir: Path, hf_config) -> tuple[int, ...]:
     """EOS ids from generation_config.json (may be a list), else the model config."""
-    eos = None
     gen = model_dir / "generation_config.json"
-    if gen.exists():
-        eos = json.loads(gen.read_text()).get("eos_token_id")
+    eos = json.loads(gen.read_text()).get("eos_token_id") if gen.exists() else None
     if eos is None:
         eos = getattr(hf_config, "eos_token_id", None)
     if eos is None:

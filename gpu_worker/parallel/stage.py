@@ -9,6 +9,7 @@ KV caches.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,12 +31,8 @@ def split_layers(num_layers: int, num_stages: int) -> list[tuple[int, int]]:
     if not 1 <= num_stages <= num_layers:
         raise ValueError(f"cannot split {num_layers} layers into {num_stages} stages")
     base, extra = divmod(num_layers, num_stages)
-    bounds, start = [], 0
-    for s in range(num_stages):
-        end = start + base + (s < extra)
-        bounds.append((start, end))
-        start = end
-    return bounds
+    ends = list(itertools.accumulate(base + (s < extra) for s in range(num_stages)))
+    return list(zip([0] + ends[:-1], ends))
 
 
 @dataclass(frozen=True)
@@ -78,8 +75,7 @@ def build_stage_model(model_dir: Path, cfg: ModelConfig, spec: StageSpec, ops: M
     model.load_hf_state_dict(_load_stage_state(model_dir, spec))
     unused = nn.Parameter(torch.empty(0), requires_grad=False)
     if not spec.is_last:
-        model.norm = unused
-        model.lm_head = unused
+        model.norm = model.lm_head = unused
     if not spec.is_first and not (spec.is_last and cfg.tie_word_embeddings):
         model.embed = unused
     model.eval().to(device)

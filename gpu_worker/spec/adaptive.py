@@ -30,8 +30,7 @@ class StepCostModel:
         """(a, b) of ``time = a + b * tokens``; None until the data spans several sizes."""
         if len(self._obs) < 8:
             return None
-        xs = [x for x, _ in self._obs]
-        ys = [y for _, y in self._obs]
+        xs, ys = zip(*self._obs)
         mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
         var = sum((x - mx) ** 2 for x in xs)
         if var < 1e-9 or max(xs) < 2 * min(xs):

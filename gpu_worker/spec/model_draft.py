@@ -81,21 +81,19 @@ def quantized_self_drafter(target: LlamaForCausalLM, kv_caches: list, method: st
 
     draft = copy.deepcopy(target)
     quantize_for_serving(draft, method, model_dir, tokenizer, cache=cache)
-
-    def forward(ids, positions, plan):
-        return draft.compute_logits(draft(ids, positions, kv_caches, plan))
-
-    return ModelDrafter("self", draft, forward, block_size)
+    return ModelDrafter("self", draft, _whole_model(draft, kv_caches), block_size)
 
 
 def draft_model_drafter(draft: LlamaForCausalLM, num_blocks: int, block_size: int) -> ModelDrafter:
     """A separate model with its own KV cache over the target's block ids."""
     kv = allocate_kv_caches(draft.cfg, num_blocks, block_size, draft.embed.dtype, draft.embed.device)
 
-    def forward(ids, positions, plan):
-        return draft.compute_logits(draft(ids, positions, kv, plan))
-
     def observe(ids, positions, plan):
         draft(ids, positions, kv, plan)
 
-    return ModelDrafter("draft", draft, forward, block_size, observe=observe)
+    return ModelDrafter("draft", draft, _whole_model(draft, kv), block_size, observe=observe)
+
+
+def _whole_model(model: LlamaForCausalLM, kv_caches: list) -> DraftForward:
+    """Drafting with every layer of ``model`` over ``kv_caches``."""
+    return lambda ids, positions, plan: model.compute_logits(model(ids, positions, kv_caches, plan))

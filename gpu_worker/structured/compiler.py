@@ -69,10 +69,9 @@ class GrammarCompiler:
             self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
             self.ready_at = time.monotonic()
         c, t0 = self._compiler, time.perf_counter()
-        if spec.kind == "json_object":
-            out = c.compile_json_schema(_OBJECT_SCHEMA, any_whitespace=False)
-        elif spec.kind == "json_schema":
-            out = c.compile_json_schema(spec.spec, any_whitespace=False)
+        if spec.kind in ("json_object", "json_schema"):
+            schema = _OBJECT_SCHEMA if spec.kind == "json_object" else spec.spec
+            out = c.compile_json_schema(schema, any_whitespace=False)
         elif spec.kind == "regex":
             out = c.compile_regex(spec.spec)
         elif spec.kind == "choice":

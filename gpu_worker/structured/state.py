@@ -1,6 +1,8 @@
 """One request's grammar matcher: fed every output token, rolled back after draft checks."""
 from __future__ import annotations
 
+import itertools
+
 
 class GrammarState:
     """Wraps an ``xgrammar.GrammarMatcher`` (unlimited rollback) over a compiled grammar."""
@@ -20,11 +22,7 @@ class GrammarState:
 
     def valid_prefix(self, token_ids: list[int]) -> int:
         """How many leading tokens the grammar accepts from here; the state is left as it was."""
-        n = 0
-        for t in token_ids:
-            if not self.accept(t):
-                break
-            n += 1
+        n = sum(1 for _ in itertools.takewhile(self.accept, token_ids))
         self.rollback(n)
         return n
 

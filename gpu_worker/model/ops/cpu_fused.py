@@ -23,9 +23,7 @@ logger = logging.getLogger(__name__)
 
 
 def _projection(m) -> Projection | None:
-    if type(m) is not CpuPackedLinear:
-        return None
-    return Projection(m.packed, m.bias, m.input_scale)
+    return Projection(m.packed, m.bias, m.input_scale) if type(m) is CpuPackedLinear else None
 
 
 def _revisions(model) -> tuple:

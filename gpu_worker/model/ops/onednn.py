@@ -96,9 +96,8 @@ def pack_head(model: nn.Module) -> bool:
     """Give a CPU float model whose LM head has no packed copy yet one in oneDNN's layout
     (``packed_head``; a quantized model's float head, say). Returns whether it did."""
     head = getattr(model, "lm_head", None)
-    if getattr(model, "packed_head", None) is not None or not isinstance(head, torch.Tensor) or not head.numel():
-        return False
-    if not _packs(model):
+    if (getattr(model, "packed_head", None) is not None or not isinstance(head, torch.Tensor) or not head.numel()
+            or not _packs(model)):
         return False
     model.packed_head = PackedLinear(head)
     return True

@@ -11,6 +11,7 @@ it there unless ``EngineConfig.ops_backend`` is ``triton``.
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -41,9 +42,7 @@ def plan_triton_attention(meta) -> TritonAttentionPlan:
     tables = meta.block_tables.to(torch.int32)
     seq_lens = torch.tensor(meta.seq_lens, dtype=torch.int32, device=dev)
     prefill_q = meta.query_lens[nd:]
-    cu = [0]
-    for n in prefill_q:
-        cu.append(cu[-1] + n)
+    cu = list(itertools.accumulate(prefill_q, initial=0))
     return TritonAttentionPlan(
         slot_mapping=meta.slot_mapping,
         num_decodes=nd,

@@ -159,10 +159,8 @@ def greedy_replies(model, prompts: list[list[int]], max_new_tokens: int, block_s
         for s, t in zip(seqs, model.compute_logits(hidden.index_select(0, last)).argmax(-1).tolist()):
             s.append(t)
         new_tokens = [1] * n
-    replies: list[list[int]] = [[] for _ in range(n)]
-    for s, i in zip(seqs, order):
-        replies[i] = s[len(prompts[i]):]
-    return replies
+    replies = {i: s[len(prompts[i]):] for s, i in zip(seqs, order)}
+    return [replies[i] for i in range(n)]
 
 
 @dataclass

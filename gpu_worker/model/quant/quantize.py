@@ -36,13 +36,12 @@ from kernels.quantize import dequantize_int4, dequantize_int8, quantize_int8
 from gpu_worker.model.ops.base import Linear
 from gpu_worker.model.ops.cpu_linear import CpuPackedLinear
 from gpu_worker.model.ops.onednn import PackedLinear
-from gpu_worker.model.quant.calibration import LayerInputs, layer_inputs, search_input_scales
-from gpu_worker.model.quant.gptq import gptq_int4
-from gpu_worker.model.quant.int4_fit import QUICK, fit_int4
+from gpu_worker.model.quant.calibration import LayerInputs, layer_inputs
+from gpu_worker.model.quant.gptq import calibrated_int4
+from gpu_worker.model.quant.int4_fit import fit_int4
 
 logger = logging.getLogger(__name__)
 
-METHODS = ("int8", "int4")
 _PART_RE = re.compile(r"^(int8|int4)(?:-g(\d+))?$")
 SPEC_HELP = ("use int8, int8-g<group>, int4 or int4-g<group> (group: a power of two >= 16), optionally followed by "
              "+head (the LM head in int8 per channel too) or +head-<one of those>; or w8a8 (int8 per channel with "
@@ -175,14 +174,7 @@ def _quantize_linear(lin: Linear, method: str, group_size: int | None, use_trito
         if method == "int8":
             q.qweight, q.scale = quantize_int8(weight, q.group_size)
         elif calibrated:
-            g = q.group_size
-
-            def quantize_dequantize(w: torch.Tensor, importance: torch.Tensor) -> torch.Tensor:
-                return dequantize_int4(*fit_int4(w, g, importance, **QUICK), g)
-
-            s, _ = search_input_scales(weight, inputs, quantize_dequantize)
-            h = inputs.second_moment.to(s.device) / (s[:, None] * s[None, :])
-            q.packed, q.scales, q.mins = gptq_int4(weight.float() * s, h, g)
+            q.packed, q.scales, q.mins, s = calibrated_int4(weight, inputs, q.group_size)
             q.input_scale.copy_(s)
         else:
             q.packed, q.scales, q.mins = fit_int4(weight, q.group_size)
