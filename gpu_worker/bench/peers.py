@@ -115,7 +115,7 @@ def run_engines(args: argparse.Namespace, job: dict, logs: Path) -> dict[str, di
             logs / "engine.log"))
     if "vllm" not in skip:
         found = disc.find_vllm()
-        dtype = getattr(args, "vllm_dtype", "float32")
+        dtype = args.vllm_dtype
         label = "vLLM CPU, " + {"float32": "fp32", "bfloat16": "bf16"}[dtype]
         runs[label] = {"skipped": found.missing} if not found.ok else _guarded(lambda: _subprocess_run(
             [str(found.paths["python"]), str(Path(__file__).with_name("peers_vllm_runner.py"))], [],
@@ -133,7 +133,7 @@ def _run_llama(args: argparse.Namespace, job: dict, logs: Path) -> dict[str, dic
     found = disc.find_llama(formats=formats)
     if not found.ok:
         return {"llama.cpp": {"skipped": found.missing}}
-    extra = tuple(shlex.split(getattr(args, "llama_args", "")))
+    extra = tuple(shlex.split(args.llama_args))
     return {f"llama.cpp {fmt}": _guarded(lambda fmt=fmt: run_llama(
         found.paths["llama-server"], found.paths[fmt], job, args.threads, logs / f"llama-{fmt}.log", extra))
         for fmt in formats}

@@ -8,8 +8,9 @@
 
 #define TILE 32        /* output channels per tile of a packed weight */
 
-/* bf16 and W8A8 calls of at least AMX_ROWS rows go to the AMX tiles where the CPU has them
- * (linear_amx.c; bf16 rounds x to bf16 there); the two return nonzero when they did not run. */
+/* bf16 calls of at least AMX_ROWS rows and W8A8 calls of at least AMX_W8A8_ROWS go to the AMX
+ * tiles where the CPU has them (linear_amx.c; bf16 rounds x to bf16 there); the two return
+ * nonzero when they did not run. */
 #define AMX_ROWS 16
 #define AMX_W8A8_ROWS 32   /* W8A8's VNNI blocks are level with the tiles at 16 rows (0.94-1.01x) */
 int fleet_amx_ready(void);

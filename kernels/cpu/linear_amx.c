@@ -13,7 +13,7 @@
  * tiles (16 rows x 32 k), two B tiles (32 k x 16 channels) and four float32 accumulator tiles
  * per step of 32 k.
  *
- * W8A8 (linear_w8a8.c) of at least AMX_ROWS rows runs here too, on AMX-INT8: its weight tiles
+ * W8A8 (linear_w8a8.c) of at least AMX_W8A8_ROWS rows runs here too, on AMX-INT8: its weight tiles
  * ([K/4][32][4], four k of a channel in 32 bits) are already the layout TDPBUSD reads, and
  * its int32 sums are exact, so the results are the same bits as its VNNI path.
  *
@@ -110,8 +110,19 @@ static uint16_t *workspace(int slot, size_t elements) {
     return buf[slot];
 }
 
-/* Weight tiles re-laid per group: as many as fit GROUP_BYTES (in L2), at least one. */
+/* Weight tiles taken per group: as many as fit GROUP_BYTES (in L2), at least one. */
 #define GROUP_BYTES (512 * 1024)
+
+static int64_t tiles_per_group(int64_t tile_bytes) {
+    return GROUP_BYTES / tile_bytes > 1 ? GROUP_BYTES / tile_bytes : 1;
+}
+
+/* The calling OpenMP thread's contiguous run of tiles [*first, *last). */
+static void thread_tiles(int64_t tiles, int64_t *first, int64_t *last) {
+    const int nt = omp_get_num_threads(), id = omp_get_thread_num();
+    *first = tiles * id / nt;
+    *last = tiles * (id + 1) / nt;
+}
 
 /* One 32 x 32 block of results (c [32][32]) into out: `rows` rows, `cols` channels, + bias. */
 static void store_block(const float *c, int rows, int cols, const float *bias, float *out, int64_t ldo) {
@@ -146,7 +157,7 @@ int fleet_linear_amx(const float *x, int64_t M, int64_t N, int64_t K, const void
                      float *out, int num_threads) {
     if (K % 32 || M < 1 || !fleet_amx_ready()) return 1;
     const int64_t Mp = (M + 31) / 32 * 32, tiles = (N + TILE - 1) / TILE;
-    const int64_t group = GROUP_BYTES / (K * TILE * 2) > 1 ? GROUP_BYTES / (K * TILE * 2) : 1;
+    const int64_t group = tiles_per_group(K * TILE * (int64_t)sizeof(uint16_t));
     uint16_t *xb = workspace(0, (size_t)(Mp * K));
     if (!xb) return 3;
     int failed = 0;
@@ -156,8 +167,8 @@ int fleet_linear_amx(const float *x, int64_t M, int64_t N, int64_t K, const void
         for (int64_t r0 = 0; r0 < Mp; r0 += 16) round_rows(x, M, K, r0, xb);
         /* Each thread a contiguous run of tiles, in groups: the group's weights are re-laid once
          * and stay in L2 while each 32-row block of x (in L1) runs against all of them. */
-        const int nt = omp_get_num_threads(), id = omp_get_thread_num();
-        const int64_t first = tiles * id / nt, last = tiles * (id + 1) / nt;
+        int64_t first, last;
+        thread_tiles(tiles, &first, &last);
         uint16_t *vb = last > first ? workspace(1, (size_t)(group * K * TILE)) : NULL;
         float c[32 * 32] __attribute__((aligned(64)));
         if (last > first && !vb) failed = 3;
@@ -224,11 +235,11 @@ int fleet_w8a8_amx(const uint8_t *xu, const float *xs, int64_t M, int64_t N, int
                    const float *scales, const int32_t *comps, const float *bias, float *out, int num_threads) {
     if (K % 64 || M < 1 || !fleet_amx_ready()) return 1;
     const int64_t Mp = (M + 31) / 32 * 32, tiles = (N + TILE - 1) / TILE;
-    const int64_t group = GROUP_BYTES / (K * TILE) > 1 ? GROUP_BYTES / (K * TILE) : 1;
+    const int64_t group = tiles_per_group(K * TILE);
     #pragma omp parallel num_threads(num_threads) if (tiles > 1)
     {
-        const int nt = omp_get_num_threads(), id = omp_get_thread_num();
-        const int64_t first = tiles * id / nt, last = tiles * (id + 1) / nt;
+        int64_t first, last;
+        thread_tiles(tiles, &first, &last);
         int32_t c[32 * 32] __attribute__((aligned(64)));
         configure_tiles();
         for (int64_t g0 = first; g0 < last; g0 += group) {
