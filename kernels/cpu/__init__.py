@@ -30,7 +30,7 @@ logger = logging.getLogger(__name__)
 
 SOURCES = ("paged_decode.c", "paged_prefill.c", "glue.c", "linear.c", "linear_amx.c", "linear_w8a8.c",
            "decode_layers.c")
-HEADERS = ("simd.h", "paged.h", "linear.h")
+HEADERS = ("simd.h", "paged.h", "linear.h", "tile_decode.h")
 # -ffp-contract=off: no fused multiply-adds beyond the ones the kernels ask for, so the glue
 # rounds as torch does (glue.c).
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC", "-std=gnu11")
@@ -48,6 +48,9 @@ class CpuKernels:
         self.simd = {2: "avx512", 1: "avx2"}.get(_fn(lib.fleet_simd)())
         # bf16 matmuls of this many rows or more run on AMX tiles, x rounded to bf16 (linear_amx.c); 0: none.
         self.amx_rows = _fn(lib.fleet_amx_rows)()
+        # int8/int4 matmuls of this many rows or more run there too, x and w as bf16 hi + lo; 0: none.
+        split_rows = _fn(lib.fleet_amx_split_rows, ctypes.c_int)
+        self.amx_split_rows = {f: split_rows(_LINEAR_FORMATS[f]) for f in ("int8", "int4")}
         self._decode = _fn(lib.fleet_paged_decode_f32, _P, _I64, _P, _P, _P, _I64, _P, _I64, _I64, _I64, _I64,
                            _I64, ctypes.c_float, _P, ctypes.c_int)
         self._add_rms_norm = _fn(lib.fleet_add_rms_norm_f32, _P, _P, _P, _P, _I64, _I64, ctypes.c_float, ctypes.c_int)

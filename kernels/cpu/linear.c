@@ -21,46 +21,9 @@
 #include <string.h>
 
 #include "linear.h"
-
-enum { FMT_F32 = 0, FMT_BF16 = 1, FMT_INT8 = 2, FMT_INT4 = 3, FMT_COUNT = 4,
-       FMT_CODES8 = 8 /* inside accumulate only: per-channel int8 codes, their scale applied after the K sum */ };
+#include "tile_decode.h"
 
 #if defined(FLEET_SIMD)
-
-typedef struct {        /* one tile of a packed weight */
-    const void *data;   /* the codes or weights of the tile */
-    const float *scales, *mins;   /* [K / G][TILE] each, int8/int4 */
-    int64_t k, group;
-    const float *xsum;  /* int4, at most RB / 2 rows: [rows][K / G] sums of x over each group */
-    pf_t pf;            /* prefetched beside the k loop (linear.h) */
-} tile_t;
-
-AI void bf16_pair(const uint16_t *p, vf w[2]) {
-    for (int h = 0; h < 2; h++) w[h] = vf_from_bf16(p + 16 * h);
-}
-
-AI void int8_pair(const int8_t *p, const vf s[2], vf w[2]) {
-    for (int h = 0; h < 2; h++) w[h] = vf_mul(vf_from_i8(p + 16 * h), s[h]);
-}
-
-/* Two k of 32 channels from 32 bytes: w[0..1] the even k (low nibbles), w[2..3] the odd. */
-AI void int4_quad(const uint8_t *p, const vf s[2], const vf m[2], vf w[4]) {
-    for (int h = 0; h < 2; h++) {
-        vf lo, hi;
-        vf_from_nibbles(p + 16 * h, &lo, &hi);
-        w[h] = vf_fmadd(lo, s[h], m[h]);
-        w[2 + h] = vf_fmadd(hi, s[h], m[h]);
-    }
-}
-
-AI void codes8_pair(const int8_t *p, vf w[2]) {
-    for (int h = 0; h < 2; h++) w[h] = vf_from_i8(p + 16 * h);
-}
-
-AI void load_pair(const float *p, vf v[2]) {
-    v[0] = vf_load(p);
-    v[1] = vf_load(p + 16);
-}
 
 /* acc[r] += x[r][k] * w for the block's R rows. */
 AI void fma_rows(const int R, vf acc[RB][2], const float *x, int64_t ldx, int64_t k, const vf *w) {
@@ -69,16 +32,6 @@ AI void fma_rows(const int R, vf acc[RB][2], const float *x, int64_t ldx, int64_
         acc[r][0] = vf_fmadd(xb, w[0], acc[r][0]);
         acc[r][1] = vf_fmadd(xb, w[1], acc[r][1]);
     }
-}
-
-/* The weights of one k (f32, bf16, int8) into w[0..1], or of the k pair at k (int4) into w[0..3]. */
-AI void decode(const int fmt, const int pf, const tile_t *t, int64_t k, const vf s[2], const vf m[2], vf *w) {
-    if (pf) pf_k(t->pf, k, fmt == FMT_INT4 ? 2 : 1);
-    if (fmt == FMT_F32) load_pair((const float *)t->data + k * TILE, w);
-    else if (fmt == FMT_BF16) bf16_pair((const uint16_t *)t->data + k * TILE, w);
-    else if (fmt == FMT_INT8) int8_pair((const int8_t *)t->data + k * TILE, s, w);
-    else if (fmt == FMT_CODES8) codes8_pair((const int8_t *)t->data + k * TILE, w);
-    else int4_quad((const uint8_t *)t->data + k / 2 * TILE, s, m, w);
 }
 
 /* Rows k0 <= k < k1 of the tile into S accumulator sets (k rotates over the sets), so that
@@ -244,14 +197,14 @@ static void f32_tile_rows(const float *x, int64_t M, int64_t K, const float *w, 
 /* A tile decoded into buf [K][TILE] float32 (the fp32 tile layout). */
 static void decode_tile(int fmt, const tile_t *t, float *buf) {
     vf w[4], s[2] = {vf_zero(), vf_zero()}, m[2] = {s[0], s[1]};
-    const int64_t K = t->k, G = fmt >= FMT_INT8 ? t->group : t->k;
+    const int64_t K = t->k, G = fmt == FMT_INT8 || fmt == FMT_INT4 ? t->group : t->k;
     const int step = fmt == FMT_INT4 ? 2 : 1;
     if (fmt == FMT_F32) {
         memcpy(buf, t->data, sizeof(float) * (size_t)(K * TILE));
         return;
     }
     for (int64_t g = 0, k0 = 0; k0 < K; g++, k0 += G) {
-        if (fmt >= FMT_INT8) load_pair(t->scales + g * TILE, s);
+        if (fmt == FMT_INT8 || fmt == FMT_INT4) load_pair(t->scales + g * TILE, s);
         if (fmt == FMT_INT4) load_pair(t->mins + g * TILE, m);
         for (int64_t k = k0; k < k0 + G; k += step) {
             switch (fmt) {   /* constant formats, so that each case inlines its own decode */
@@ -262,21 +215,6 @@ static void decode_tile(int fmt, const tile_t *t, float *buf) {
             for (int j = 0; j < 2 * step; j++) vf_store(buf + k * TILE + 16 * j, w[j]);
         }
     }
-}
-
-static int64_t tile_bytes(int fmt, int64_t K) {
-    static const int64_t bits[FMT_COUNT] = {32, 16, 8, 4};
-    return K * TILE * bits[fmt] / 8;
-}
-
-/* Tile i of the packed weight: its bytes and scales. */
-static tile_t tile_at(int fmt, const void *data, const float *scales, const float *mins, int64_t K, int64_t G,
-                      int64_t i) {
-    const int64_t groups = G ? K / G : 0;
-    tile_t t = {(const char *)data + i * tile_bytes(fmt, K), NULL, NULL, K, G, NULL, {NULL, 0}};
-    if (scales) t.scales = scales + i * groups * TILE;
-    if (mins) t.mins = mins + i * groups * TILE;
-    return t;
 }
 
 /* [M][K / G] sums of each row of x over each group of G (for accumulate_int4_folded). */
@@ -299,6 +237,8 @@ int fleet_linear(int fmt, const float *x, int64_t M, int64_t N, int64_t K, int64
     if (!fleet_linear_supported(fmt) || K < 1 || N < 1 || M < 0) return 1;
     if (fmt >= FMT_INT8 && (G < 1 || K % G || (fmt == FMT_INT4 && G % 8))) return 2;
     if (fmt == FMT_BF16 && M >= AMX_ROWS && !fleet_linear_amx(x, M, N, K, data, bias, out, num_threads)) return 0;
+    if ((fmt == FMT_INT8 || fmt == FMT_INT4) && M >= (fmt == FMT_INT4 ? AMX_SPLIT_ROWS_INT4 : AMX_SPLIT_ROWS)
+        && !fleet_linear_amx_split(fmt, x, M, N, K, G, data, scales, mins, bias, out, num_threads)) return 0;
     const int64_t tiles = (N + TILE - 1) / TILE;
     const int64_t bytes = tile_bytes(fmt, K);   /* of one packed tile, for the prefetch */
 #if defined(FLEET_AVX2)

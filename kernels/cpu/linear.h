@@ -8,6 +8,10 @@
 
 #define TILE 32        /* output channels per tile of a packed weight */
 
+/* The formats of fleet_linear (linear.py's FORMATS, in order). */
+enum { FMT_F32 = 0, FMT_BF16 = 1, FMT_INT8 = 2, FMT_INT4 = 3, FMT_COUNT = 4,
+       FMT_CODES8 = 8 /* inside linear.c only: per-channel int8 codes, their scale applied after the K sum */ };
+
 /* bf16 calls of at least AMX_ROWS rows and W8A8 calls of at least AMX_W8A8_ROWS go to the AMX
  * tiles where the CPU has them (linear_amx.c; bf16 rounds x to bf16 there); the two return
  * nonzero when they did not run. */
@@ -19,6 +23,13 @@ int fleet_linear_amx(const float *x, int64_t M, int64_t N, int64_t K, const void
                      float *out, int num_threads);
 int fleet_w8a8_amx(const uint8_t *xu, const float *xs, int64_t M, int64_t N, int64_t K, const int8_t *codes,
                    const float *scales, const int32_t *comps, const float *bias, float *out, int num_threads);
+/* int8 and int4 calls of at least AMX_SPLIT_ROWS rows run on the AMX tiles too, x and w each
+ * carried as two bf16 (hi + lo, about 16 significant bits; linear_amx.c). */
+#define AMX_SPLIT_ROWS 16       /* int8; int4 from 32: at 16 rows its AVX-512 path was faster (39.9 vs 43.8 ms) */
+#define AMX_SPLIT_ROWS_INT4 32
+int fleet_amx_split_rows(int fmt);   /* the rows from which fmt's calls take the AMX path, else 0 */
+int fleet_linear_amx_split(int fmt, const float *x, int64_t M, int64_t N, int64_t K, int64_t G, const void *data,
+                           const float *scales, const float *mins, const float *bias, float *out, int num_threads);
 
 #if defined(FLEET_AVX512)
 #define RB 8           /* rows per register block (32 zmm registers) */

@@ -146,17 +146,34 @@ def dequantize(w: PackedWeight) -> torch.Tensor:
 
 
 def reference_linear(x: torch.Tensor, w: PackedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """Pure torch: dequantize, then ``F.linear`` in float32 (the kernels' test oracle), with x
-    rounded to bfloat16 first where the kernels do that (:func:`rounds_x`)."""
-    x = x.bfloat16() if rounds_x(w, x.shape[0]) else x
-    return F.linear(x.float(), dequantize(w), None if bias is None else bias.float())
+    """Pure torch: dequantize, then ``F.linear`` in float32 (the kernels' test oracle), over
+    the operands the kernels multiply (:func:`operands`: x rounded to bf16, or x and w split
+    into bf16 parts, where the AMX tiles take the call)."""
+    y = sum(F.linear(xp, wp) for xp, wp in operands(x.float(), w))
+    return y if bias is None else y + bias.float()
 
 
-def rounds_x(w: PackedWeight, rows: int) -> bool:
-    """Whether the kernels round x to bfloat16 for a call of ``rows`` rows over ``w``: bf16
-    weights on a CPU with AMX, from ``amx_rows`` rows (``linear_amx.c``), K a multiple of 32."""
-    lib = _library()
-    return w.fmt == "bf16" and lib is not None and 0 < lib.amx_rows <= rows and w.k % 32 == 0
+def operands(x: torch.Tensor, w: PackedWeight) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The (x part, weight part) pairs whose products the kernels sum for a call of x's rows
+    over ``w`` (float32 tensors). Usually ``[(x, dequantize(w))]``; on a CPU with AMX, K a
+    multiple of 32 (``linear_amx.c``): bf16 from ``amx_rows`` rows ``[(bf16(x), w)]``, and
+    int8/int4 from ``amx_split_rows[fmt]`` rows x and w as bf16 hi + lo, the lo x lo product
+    dropped (per-channel int8 codes are exact in bf16, so there w has no lo part)."""
+    wd, rows, lib = dequantize(w), x.shape[0], _library()
+    if lib is None or w.k % 32:
+        return [(x, wd)]
+    if w.fmt == "bf16" and 0 < lib.amx_rows <= rows:
+        return [(_bf16(x), wd)]
+    if w.fmt in ("int8", "int4") and 0 < lib.amx_split_rows[w.fmt] <= rows:
+        xh, wh = _bf16(x), _bf16(wd)
+        if w.fmt == "int8" and w.group == w.k:
+            return [(xh + _bf16(x - xh), wd)]
+        return [(xh, wh), (_bf16(x - xh), wh), (xh, _bf16(wd - wh))]
+    return [(x, wd)]
+
+
+def _bf16(t: torch.Tensor) -> torch.Tensor:
+    return t.bfloat16().float()
 
 
 def _library():
