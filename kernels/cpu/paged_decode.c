@@ -12,10 +12,14 @@
  *   tables        [n, table_stride] int64 block ids; lens [n] int64 context lengths
  * Query head h reads KV head h / G, G = H / KVH (grouped-query attention).
  *
- * The vector path (AVX-512 or AVX2, simd.h) handles one KV head and its G query heads at a time, with G (up to 8)
- * and D (16, 32, 64, 96 or 128) compile-time constants, so that q, the accumulators and the
- * softmax state stay in registers and each K/V row is loaded once for the whole group. It
- * prefetches the K/V rows PF tiles ahead: blocks are scattered, so the hardware
+ * The vector path (AVX-512 or AVX2, simd.h) keeps, for each KV head, its G query heads' q,
+ * accumulators and softmax state, with G (up to 8) and D (16, 32, 64, 96 or 128) compile-time
+ * constants, and each K/V row is loaded once for the whole group. A sequence's KV heads go
+ * through its tiles of 16 tokens together, up to PASS at a time, so that a pass reads each
+ * block's rows in order (12 KiB of K and of V per SmolLM2 block) rather than a third of
+ * every row per head: in-process A/B on a 2-core AMD EPYC Zen 4, 64 and 8 sequences of
+ * 40-500 tokens over 30 layers of cold caches, 0.84-0.97x the time of one head at a time.
+ * It prefetches the K/V rows PF tiles ahead: blocks are scattered, so the hardware
  * prefetchers lose the stream at every block boundary. Other shapes, and machines with
  * neither instruction set, take portable loops.
  *
@@ -36,77 +40,96 @@
 
 #if defined(FLEET_SIMD)
 
-/* One KV head and its G query heads; G and NV = D / 16 are constants where decode_groups
- * instantiates it. kc and vc point at the group's first K/V element, q and out at its
- * first query head. */
-static inline __attribute__((always_inline)) void decode_group(
-        const float *q, const float *kc, const float *vc, const int64_t *table, int64_t len,
-        int64_t tok, int64_t blk, int64_t bs, float scale, float *out, const int G, const int NV) {
-    vf qv[G][NV], acc[G][NV], m[G], l[G];
-    float p[G][TILE] __attribute__((aligned(64)));
+/* The online-softmax state of one KV head's G query heads, in memory: q (times the scale)
+ * [G][NV], the accumulators [G][NV], then the running max and sum of each head. */
+#define STATE(G, NV) (2 * (G) * (NV) + 2 * (G))
+#define PASS 4    /* KV heads per pass over a sequence's tiles (the states stay in L1) */
+
+AI void group_start(const float *q, float scale, vf *st, const int G, const int NV) {
     for (int h = 0; h < G; h++) {
         for (int j = 0; j < NV; j++) {
-            qv[h][j] = vf_mul(vf_load(q + (h * NV + j) * 16), vf_set1(scale));
-            acc[h][j] = vf_zero();
+            st[h * NV + j] = vf_mul(vf_load(q + (h * NV + j) * 16), vf_set1(scale));
+            st[G * NV + h * NV + j] = vf_zero();
         }
-        m[h] = vf_set1(-FLT_MAX);
-        l[h] = vf_zero();
-    }
-    for (int64_t t0 = 0; t0 < len; t0 += TILE) {
-        const int nt = len - t0 < TILE ? (int)(len - t0) : TILE;
-        const vm valid = vm_first(nt);
-        const int64_t base = table[t0 / bs] * blk + (t0 % bs) * tok;
-        const float *kb = kc + base, *vb = vc + base;
-        if (t0 + PF * TILE < len) {
-            const int64_t nx = table[(t0 + PF * TILE) / bs] * blk + ((t0 + PF * TILE) % bs) * tok;
-            for (int t = 0; t < TILE; t++)
-                for (int j = 0; j < NV; j++) {
-                    _mm_prefetch((const char *)(kc + nx + t * tok + 16 * j), _MM_HINT_T0);
-                    _mm_prefetch((const char *)(vc + nx + t * tok + 16 * j), _MM_HINT_T0);
-                }
-        }
-        vf part[G][TILE];
-        for (int t = 0; t < TILE; t++) {  /* rows past nt are read but masked out */
-            const float *kt = kb + (t < nt ? t : 0) * tok;
-            vf kv[NV];
-            for (int j = 0; j < NV; j++) kv[j] = vf_load(kt + 16 * j);
-            for (int h = 0; h < G; h++) {
-                vf x = vf_mul(qv[h][0], kv[0]);
-                for (int j = 1; j < NV; j++) x = vf_fmadd(qv[h][j], kv[j], x);
-                part[h][t] = x;
-            }
-        }
-        for (int h = 0; h < G; h++) {
-            const vf s = vf_keep(valid, vf_sum16(part[h]), vf_set1(-INFINITY));
-            const vf mx = vf_max(m[h], vf_set1(vf_hmax(s)));
-            const vf f = vf_exp(vf_sub(m[h], mx));
-            const vf e = vf_keep(valid, vf_exp(vf_sub(s, mx)), vf_zero());
-            l[h] = vf_fmadd(l[h], f, vf_set1(vf_sum(e)));
-            m[h] = mx;
-            vf_store(p[h], e);
-            for (int j = 0; j < NV; j++) acc[h][j] = vf_mul(acc[h][j], f);
-        }
-        for (int64_t t = 0; t < nt; t++)
-            for (int j = 0; j < NV; j++) {
-                const vf v = vf_load(vb + t * tok + 16 * j);
-                for (int h = 0; h < G; h++) acc[h][j] = vf_fmadd(vf_set1(p[h][t]), v, acc[h][j]);
-            }
-    }
-    for (int h = 0; h < G; h++) {
-        const vf inv = vf_div(vf_set1(1.f), l[h]);
-        for (int j = 0; j < NV; j++) vf_store(out + (h * NV + j) * 16, vf_mul(acc[h][j], inv));
+        st[2 * G * NV + h] = vf_set1(-FLT_MAX);
+        st[2 * G * NV + G + h] = vf_zero();
     }
 }
 
-/* KV heads [g0, g1) of one sequence through decode_group. */
+/* nt (<= TILE) tokens of one KV head (its K rows at kb, V rows at vb, tok floats apart) into st. */
+AI void group_tile(const float *kb, const float *vb, int64_t tok, int nt, vf *st, const int G, const int NV) {
+    vf *qv = st, *acc = st + G * NV, *m = st + 2 * G * NV, *l = m + G;
+    float p[G][TILE] __attribute__((aligned(64)));
+    const vm valid = vm_first(nt);
+    vf part[G][TILE];
+    for (int t = 0; t < TILE; t++) {  /* rows past nt are read but masked out */
+        const float *kt = kb + (t < nt ? t : 0) * tok;
+        vf kv[NV];
+        for (int j = 0; j < NV; j++) kv[j] = vf_load(kt + 16 * j);
+        for (int h = 0; h < G; h++) {
+            vf x = vf_mul(qv[h * NV], kv[0]);
+            for (int j = 1; j < NV; j++) x = vf_fmadd(qv[h * NV + j], kv[j], x);
+            part[h][t] = x;
+        }
+    }
+    for (int h = 0; h < G; h++) {
+        const vf s = vf_keep(valid, vf_sum16(part[h]), vf_set1(-INFINITY));
+        const vf mx = vf_max(m[h], vf_set1(vf_hmax(s)));
+        const vf f = vf_exp(vf_sub(m[h], mx));
+        const vf e = vf_keep(valid, vf_exp(vf_sub(s, mx)), vf_zero());
+        l[h] = vf_fmadd(l[h], f, vf_set1(vf_sum(e)));
+        m[h] = mx;
+        vf_store(p[h], e);
+        for (int j = 0; j < NV; j++) acc[h * NV + j] = vf_mul(acc[h * NV + j], f);
+    }
+    for (int64_t t = 0; t < nt; t++)
+        for (int j = 0; j < NV; j++) {
+            const vf v = vf_load(vb + t * tok + 16 * j);
+            for (int h = 0; h < G; h++) acc[h * NV + j] = vf_fmadd(vf_set1(p[h][t]), v, acc[h * NV + j]);
+        }
+}
+
+AI void group_finish(const vf *st, float *out, const int G, const int NV) {
+    for (int h = 0; h < G; h++) {
+        const vf inv = vf_div(vf_set1(1.f), st[2 * G * NV + G + h]);
+        for (int j = 0; j < NV; j++) vf_store(out + (h * NV + j) * 16, vf_mul(st[G * NV + h * NV + j], inv));
+    }
+}
+
+/* KV heads [g0, g1) (at most PASS) of one sequence, G query heads each: every tile of 16
+ * tokens is read once for all of them, so a pass streams each block's rows (those heads'
+ * part of every token) in order, and prefetches the rows PF tiles ahead. Each head's sums
+ * run in the same order as with one head at a time. */
+AI void decode_pass(const float *q, const float *kc, const float *vc, const int64_t *table, int64_t len,
+                    int64_t KVH, int64_t bs, float scale, int64_t g0, int64_t g1, float *out, const int G,
+                    const int NV) {
+    const int64_t D = 16 * NV, tok = KVH * D, blk = bs * KVH * D, row = (g1 - g0) * D;
+    vf st[PASS][STATE(G, NV)];
+    for (int64_t g = g0; g < g1; g++) group_start(q + g * G * D, scale, st[g - g0], G, NV);
+    for (int64_t t0 = 0; t0 < len; t0 += TILE) {
+        const int nt = len - t0 < TILE ? (int)(len - t0) : TILE;
+        const int64_t base = table[t0 / bs] * blk + (t0 % bs) * tok + g0 * D;
+        if (t0 + PF * TILE < len) {
+            const int64_t nx = table[(t0 + PF * TILE) / bs] * blk + ((t0 + PF * TILE) % bs) * tok + g0 * D;
+            for (int t = 0; t < TILE; t++)
+                for (int64_t o = 0; o < row; o += 16) {
+                    _mm_prefetch((const char *)(kc + nx + t * tok + o), _MM_HINT_T0);
+                    _mm_prefetch((const char *)(vc + nx + t * tok + o), _MM_HINT_T0);
+                }
+        }
+        for (int64_t g = g0; g < g1; g++)
+            group_tile(kc + base + (g - g0) * D, vc + base + (g - g0) * D, tok, nt, st[g - g0], G, NV);
+    }
+    for (int64_t g = g0; g < g1; g++) group_finish(st[g - g0], out + g * G * D, G, NV);
+}
+
+/* KV heads [g0, g1) of one sequence, in passes of up to PASS heads. */
 static void decode_groups(const float *q, const float *kc, const float *vc, const int64_t *table,
                           int64_t len, int64_t KVH, int64_t G, int64_t D, int64_t bs, float scale,
                           int64_t g0, int64_t g1, float *out) {
-    const int64_t tok = KVH * D, blk = bs * KVH * D;
-    for (int64_t g = g0; g < g1; g++) {
-        const float *qg = q + g * G * D, *kg = kc + g * D, *vg = vc + g * D;
-        float *og = out + g * G * D;
-#define CASE(GG, NN) case GG * 16 + NN: decode_group(qg, kg, vg, table, len, tok, blk, bs, scale, og, GG, NN); break;
+    for (int64_t a = g0; a < g1; a += PASS) {
+        const int64_t b = a + PASS < g1 ? a + PASS : g1;
+#define CASE(GG, NN) case GG * 16 + NN: decode_pass(q, kc, vc, table, len, KVH, bs, scale, a, b, out, GG, NN); break;
 #define CASES(NN) CASE(1, NN) CASE(2, NN) CASE(3, NN) CASE(4, NN) CASE(5, NN) CASE(6, NN) CASE(7, NN) CASE(8, NN)
         switch (G * 16 + D / 16) { CASES(1) CASES(2) CASES(4) CASES(6) CASES(8) }
 #undef CASES
