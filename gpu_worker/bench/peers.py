@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 from gpu_worker.bench import peers_discovery as disc
-from gpu_worker.bench.peers_report import agreement, figures, table
+from gpu_worker.bench.peers_report import agreement, figures, paired_ratios, summarize_rounds, table
 from gpu_worker.bench.pictures import machine
 from gpu_worker.bench.workload import TOKEN_RANGE, mixed_workload
 
@@ -50,6 +50,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--llama-args", default="", help="extra llama-server arguments, e.g. --llama-args=--no-repack "
                    "(on an Intel Xeon with AMX, llama.cpp 0.3.36's Q4_1 weight repacking crashed at load)")
     p.add_argument("--skip", default="", help=f"comma-separated engines to leave out: {', '.join(ENGINES)}")
+    p.add_argument("--rounds", type=int, default=1, help="this engine and vLLM loaded side by side, taking "
+                   "turns this many times (ABBA); each figure the median of its rounds, with the ratio of "
+                   "each round's pair (peers_rounds). llama.cpp runs once, after the rounds")
     p.add_argument("--batch1-prompt", type=int, default=32)
     p.add_argument("--batch1-tokens", type=int, default=128)
     p.add_argument("--batch1-reps", type=int, default=3)
@@ -101,29 +104,47 @@ def _subprocess_run(runner: list[str], extra: list[str], job: dict, env: dict[st
         return json.loads(out_path.read_text())
 
 
-def run_engines(args: argparse.Namespace, job: dict, logs: Path) -> dict[str, dict]:
-    """Every engine not skipped, one after another: name -> run result or {"skipped": why}."""
-    skip = {s.strip() for s in args.skip.split(",") if s.strip()}
-    threads_env = {"OMP_NUM_THREADS": str(args.threads)}
-    runs: dict[str, dict] = {}
+def runners(args: argparse.Namespace, job: dict, logs: Path, skip: set[str]) -> tuple[dict, dict]:
+    """This engine's and vLLM's runners (name -> peers_rounds.Runner), and {name: {"skipped":
+    why}} for a vLLM that is not installed."""
+    from gpu_worker.bench.peers_rounds import Runner
+
+    found: dict[str, Runner] = {}
+    missing: dict[str, dict] = {}
     if "engine" not in skip:
         name = "this engine" + (f" {args.engine_args}" if args.engine_args else ", fp32")
-        engine_job = {**job, "model": args.model}
-        runs[name] = _guarded(lambda: _subprocess_run(
-            [sys.executable, "-m", "gpu_worker.bench.peers_engine"],
-            ["--threads", str(args.threads), *shlex.split(args.engine_args)], engine_job, threads_env,
-            logs / "engine.log"))
+        found[name] = Runner([sys.executable, "-m", "gpu_worker.bench.peers_engine"],
+                             ["--threads", str(args.threads), *shlex.split(args.engine_args)],
+                             {**job, "model": args.model}, {"OMP_NUM_THREADS": str(args.threads)},
+                             logs / "engine.log")
     if "vllm" not in skip:
-        found = disc.find_vllm()
-        dtype = args.vllm_dtype
-        label = "vLLM CPU, " + {"float32": "fp32", "bfloat16": "bf16"}[dtype]
-        runs[label] = {"skipped": found.missing} if not found.ok else _guarded(lambda: _subprocess_run(
-            [str(found.paths["python"]), str(Path(__file__).with_name("peers_vllm_runner.py"))], [],
-            {**job, "dtype": dtype},
-            disc.vllm_env(found, args.threads), logs / "vllm.log"))
+        vllm = disc.find_vllm()
+        label = "vLLM CPU, " + {"float32": "fp32", "bfloat16": "bf16"}[args.vllm_dtype]
+        if not vllm.ok:
+            missing[label] = {"skipped": vllm.missing}
+        else:
+            found[label] = Runner([str(vllm.paths["python"]), str(Path(__file__).with_name("peers_vllm_runner.py"))],
+                                  [], {**job, "dtype": args.vllm_dtype}, disc.vllm_env(vllm, args.threads),
+                                  logs / "vllm.log")
+    return found, missing
+
+
+def run_engines(args: argparse.Namespace, job: dict, logs: Path) -> dict[str, dict]:
+    """Every engine not skipped: name -> run result, {"rounds_runs": [...]} with --rounds, or
+    {"skipped": why}. Without --rounds, one after another."""
+    skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    found, runs = runners(args, job, logs, skip)
+    if getattr(args, "rounds", 1) > 1 and found:
+        from gpu_worker.bench.peers_rounds import run_rounds
+
+        for name, result in run_rounds(found, args.rounds, RUN_TIMEOUT_S).items():
+            runs[name] = result if isinstance(result, dict) else {"rounds_runs": result}
+    else:
+        for name, r in found.items():
+            runs[name] = _guarded(lambda r=r: _subprocess_run([*r.command], r.extra, r.job, r.env, r.log_path))
     if "llama" not in skip:
         runs.update(_run_llama(args, job, logs))
-    return runs
+    return {name: runs[name] for name in (*found, *(n for n in runs if n not in found))}
 
 
 def _run_llama(args: argparse.Namespace, job: dict, logs: Path) -> dict[str, dict]:
@@ -148,6 +169,20 @@ def _guarded(fn) -> dict:
         return {"skipped": f"failed: {exc}"}
 
 
+def _paired_line(rows: dict[str, dict]) -> tuple[dict, str] | None:
+    """With rounds: this engine's figures over vLLM's, round by round, and a line saying so."""
+    mine = next((r for n, r in rows.items() if n.startswith("this engine") and "rounds" in r), None)
+    vllm = next((r for n, r in rows.items() if n.startswith("vLLM") and "rounds" in r), None)
+    if mine is None or vllm is None:
+        return None
+    ratios = paired_ratios(mine, vllm)
+    thr, b1 = ratios["throughput_tok_s"], ratios["batch1_decode_tok_s"]
+    line = (f"this engine / vLLM, per round: throughput {', '.join(f'{x:.2f}' for x in thr['per_round'])} "
+            f"(median {thr['median']:.2f}x); batch-1 decode {', '.join(f'{x:.2f}' for x in b1['per_round'])} "
+            f"(median {b1['median']:.2f}x)")
+    return ratios, line
+
+
 def run(args: argparse.Namespace) -> int:
     if args.quality:
         from gpu_worker.bench.peers_quality import run_quality
@@ -165,14 +200,20 @@ def run(args: argparse.Namespace) -> int:
               "peer_versions": disc.versions(), "engines": {}}
     runs = run_engines(args, job, logs)
     result["uptime_after"] = _uptime()
+    runs = {name: summarize_rounds(r["rounds_runs"]) if "rounds_runs" in r else r for name, r in runs.items()}
     ref = next((r["outputs"] for name, r in runs.items() if name.startswith("this engine") and "outputs" in r), None)
     for name, r in runs.items():
-        row = r if "skipped" in r else figures(r)
+        row = r if "skipped" in r else figures(r) if "rounds" not in r else {k: v for k, v in r.items()
+                                                                             if k != "outputs"}
         if ref is not None and "outputs" in r:
             row["agreement"] = agreement(ref, r["outputs"])
         result["engines"][name] = row
     result["table"] = table(result["engines"])
     print(result["table"])
+    paired = _paired_line(result["engines"])
+    if paired:
+        result["paired"], line = paired
+        print(line)
     print(f"{result['cpu']}, {result['date']}; before: {result['uptime_before']}; after: {result['uptime_after']}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -7,10 +7,12 @@ project is not installed.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 # generate(prompts, max_tokens) -> one list of output token ids per prompt, greedy, each
 # exactly max_tokens long (ignore_eos)
@@ -57,13 +59,33 @@ def _seconds(generate: Generate, prompt: list[int], n: int) -> float:
 
 def main(generate_factory: Callable[[dict], tuple[Generate, dict]]) -> int:
     """``python RUNNER JOB.json OUT.json``: builds the engine from the job, runs it, writes
-    the result with whatever the factory reports about the engine (versions, settings)."""
+    the result with whatever the factory reports about the engine (versions, settings).
+
+    With ``job["control"]`` (a folder) the runner stays loaded for ``job["rounds"]`` rounds
+    that the parent starts one at a time, so that engines can take turns: it writes
+    ``ready`` once built, then for each round r waits for ``go.<r>``, runs the job and
+    writes ``out.<r>.json`` (OUT.json is not written)."""
     job_path, out_path = sys.argv[1], sys.argv[2]
     with open(job_path) as f:
         job = json.load(f)
     t0 = time.perf_counter()
     generate, info = generate_factory(job)
-    result = {"load_s": time.perf_counter() - t0, **info, **run_job(job, generate)}
-    with open(out_path, "w") as f:
-        json.dump(result, f)
+    load_s = time.perf_counter() - t0
+    control = job.get("control")
+    if not control:
+        _write(Path(out_path), {"load_s": load_s, **info, **run_job(job, generate)})
+        return 0
+    folder = Path(control)
+    _write(folder / "ready", {"load_s": load_s})
+    for r in range(int(job.get("rounds", 1))):
+        while not (folder / f"go.{r}").exists():
+            time.sleep(0.05)
+        _write(folder / f"out.{r}.json", {"load_s": load_s, **info, **run_job(job, generate)})
     return 0
+
+
+def _write(path: Path, result: dict) -> None:
+    """JSON into ``path`` at once (renamed into place: a reader never sees half of it)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(result))
+    os.replace(tmp, path)

@@ -2,6 +2,8 @@
 of one engine's run, and the table printed at the end."""
 from __future__ import annotations
 
+import statistics
+
 
 def agreement(ref: list[list[int]], other: list[list[int]]) -> dict:
     """Requests token-identical to ``ref`` (count), and the mean over requests of the fraction
@@ -41,3 +43,30 @@ def table(rows: dict[str, dict]) -> str:
         lines.append(f"| {name} | {row['throughput_tok_s']:.1f} | {row['batch1_decode_tok_s']:.1f} "
                      f"| {row['batch1_e2e_tok_s']:.1f} | {vs} |")
     return "\n".join(lines + skipped)
+
+
+ROUND_FIGURES = ("throughput_tok_s", "batch1_decode_tok_s", "batch1_e2e_tok_s")
+
+
+def summarize_rounds(runs: list[dict]) -> dict:
+    """One engine's rounds (peers_rounds) as one row: each figure the median over the rounds,
+    every round's figures under "rounds", and the first round's outputs (greedy: every round
+    must give the same ones, else the row says so under "outputs_differ_in_rounds")."""
+    rows = [figures(r) for r in runs]
+    row = {**rows[0], "outputs": runs[0]["outputs"], "rounds": [{k: r[k] for k in ROUND_FIGURES} for r in rows]}
+    for k in ROUND_FIGURES:
+        row[k] = statistics.median(r[k] for r in rows)
+    differ = [i for i, r in enumerate(runs) if r["outputs"] != runs[0]["outputs"]]
+    if differ:
+        row["outputs_differ_in_rounds"] = differ
+    return row
+
+
+def paired_ratios(a: dict, b: dict) -> dict:
+    """Per round, a's figure over b's (the two measured in the same round), and the median
+    of those ratios, for throughput and batch-1 decode; rows from summarize_rounds."""
+    out = {}
+    for k in ("throughput_tok_s", "batch1_decode_tok_s"):
+        ratios = [x[k] / y[k] for x, y in zip(a["rounds"], b["rounds"])]
+        out[k] = {"per_round": ratios, "median": statistics.median(ratios)} if ratios else None
+    return out

@@ -4,6 +4,7 @@ installed. The runs themselves need the peers and are not part of CI."""
 from __future__ import annotations
 
 import argparse
+import sys
 
 import pytest
 
@@ -120,3 +121,52 @@ def test_quality_rows_compare_each_format_with_the_engine_and_llama_f32():
     assert rows["F32"]["vs_engine_fp32"]["identical"] == 1
     assert rows["Q4_1"]["vs_llama_f32"]["prefix_fraction"] == 0.5
     assert "| llama.cpp Q4_1 | 6.000 | 0/1, 50.0% | 0/1, 50.0% |" in quality_table(5.0, rows)
+
+
+_FAKE_RUNNER = """
+import sys, time
+sys.path.insert(0, 'gpu_worker/bench')
+from peers_job import main
+
+def build(job):
+    def generate(prompts, lengths):
+        with open(job['trace'], 'a') as f:
+            f.write(job['name'] + ' ')
+        return [[7] * n for n in lengths]
+    if job['name'] == 'broken':
+        raise SystemExit(3)
+    return generate, {'version': 'fake ' + job['name']}
+
+raise SystemExit(main(build))
+"""
+
+
+def test_rounds_take_turns_abba_with_every_engine_loaded_and_a_broken_runner_reported(tmp_path):
+    from gpu_worker.bench.peers_rounds import Runner, run_rounds
+
+    trace = tmp_path / "trace"
+    job = {"workload": [[[1, 2], 3]], "batch1": {"prompt": [1] * 4, "tokens": 2, "reps": 1}, "trace": str(trace)}
+    runners = {name: Runner([sys.executable, "-c", _FAKE_RUNNER], [], {**job, "name": name}, {},
+                            tmp_path / f"{name}.log") for name in ("a", "b", "broken")}
+    out = run_rounds(runners, 3, timeout_s=60)
+    assert len(out["a"]) == len(out["b"]) == 3 and out["a"][0]["version"] == "fake a"
+    assert out["broken"]["skipped"].startswith("failed: the runner exited with 3")
+    # each round is warm-up, workload, then batch 1's two requests: 4 calls in a row per turn
+    turns = trace.read_text().split()[::4]
+    assert turns == ["a", "b", "b", "a", "a", "b"]
+
+
+def test_rounds_summarize_to_medians_with_each_rounds_paired_ratio():
+    from gpu_worker.bench.peers_report import paired_ratios, summarize_rounds
+
+    def run(seconds, decode, outputs=None):
+        return {"workload_s": seconds, "outputs": outputs or [[1] * 10], "batch1": {"decode_tok_s": decode,
+                                                                                   "e2e_tok_s": decode}}
+    mine = summarize_rounds([run(1.0, 50.0), run(2.0, 40.0), run(0.5, 60.0)])
+    theirs = summarize_rounds([run(2.0, 25.0), run(2.0, 20.0), run(1.0, 30.0, [[2] * 10])])
+    assert mine["throughput_tok_s"] == 10.0 and mine["batch1_decode_tok_s"] == 50.0
+    assert [r["throughput_tok_s"] for r in mine["rounds"]] == [10.0, 5.0, 20.0]
+    assert "outputs_differ_in_rounds" not in mine and theirs["outputs_differ_in_rounds"] == [2]
+    ratios = paired_ratios(mine, theirs)
+    assert ratios["throughput_tok_s"]["per_round"] == [2.0, 1.0, 2.0]
+    assert ratios["throughput_tok_s"]["median"] == 2.0 and ratios["batch1_decode_tok_s"]["median"] == 2.0
