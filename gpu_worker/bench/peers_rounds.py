@@ -71,12 +71,19 @@ class _Live:
         except ProcessLookupError:
             pass
 
+    def kill(self) -> None:
+        """SIGKILL to the runner's process group (vLLM's engine process included)."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
     def close(self) -> None:
         self.pause(False)
         try:
             self.proc.wait(timeout=120)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
+            self.kill()
             self.proc.wait()
         self.log.close()
 
@@ -100,9 +107,13 @@ def run_rounds(runners: dict[str, Runner], rounds: int, timeout_s: float) -> dic
                     if result is not None:
                         one.results.append(result)
                         logger.info("round %d: %s done", k + 1, one.name)
+        except BaseException:   # interrupted: leave no runner (or its children) behind
+            for one in live:
+                one.kill()
+            raise
         finally:
             for one in live:
-                if one.failed and one.proc.poll() is None:
-                    one.proc.kill()
+                if one.failed:
+                    one.kill()
                 one.close()
     return {one.name: {"skipped": one.failed} if one.failed else one.results for one in live}
