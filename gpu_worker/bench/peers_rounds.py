@@ -5,8 +5,8 @@ apart. On the 2-core machines measured here the speed of the machine moves by a 
 within minutes; a ratio per round, and the median of them, is what survives that.
 
 Only one engine runs at a time: the others wait, loaded and stopped (SIGSTOP to the
-runner's whole process group: vLLM's idle processes otherwise kept a core busy, and this
-engine's figures fell by up to half while it sat beside them), for their turn
+runner's whole process group: left running beside it, this engine's median fell to 104
+tokens/s and one round to 0.42x vLLM's, with the load average at 2.8), for their turn
 (peers_job.main's control folder: ``ready``, then ``go.<r>`` -> ``out.<r>.json``). A runner
 that fails is reported as failed and the rounds go on without it.
 """
