@@ -6,7 +6,9 @@ the comparison does not depend on which kernels run them. Measured per recipe as
 agreement and the free-running prefix fraction on the held-out PROMPTS, and the bytes the
 recipe's format would take.
 
-A recipe is ``<layers>[+head-<head>]``; each part is ``int8`` or ``int4``, then optionally
+A recipe is ``<layers>[@<projection>=<part>...][+head-<head>]``: ``@down=int8`` gives the named
+projections (``qkv``, ``o_proj``, ``gate_up``, ``down``) their own part, a per-tensor mix like
+llama.cpp's Q4_K_M, which keeps some tensors at more bits. Each part is ``int8`` or ``int4``, then optionally
 ``-g<group>``, then optionally one of ``-clip`` (INT8: least-squares clipped scales,
 ``int8_fit.py``), ``-gptq`` (INT8: GPTQ, ``gptq.gptq_int8``) or ``-rtn`` (INT4: the
 uncalibrated least-squares fit). A plain INT4 part is the calibrated default (activation-
@@ -120,9 +122,14 @@ class FakeQuantized:
     def _layers(self, part: str) -> tuple[list[nn.Module], int]:
         if self._cached is None or self._cached[0] != part:
             self._cached = None         # free the previous recipe's copies first
+            default, *overrides = part.split("@")
+            own = dict(o.split("=", 1) for o in overrides)
+            unknown = set(own) - {name for _, name, _ in self.layers}
+            if unknown:
+                raise ValueError(f"{part!r}: no projection named {', '.join(sorted(unknown))}")
             modules, total = [], 0
-            for _, _, child in self.layers:
-                w_hat, nbytes = fake_quantize(child.weight.detach(), part, self.stats[child])
+            for _, name, child in self.layers:
+                w_hat, nbytes = fake_quantize(child.weight.detach(), own.get(name, default), self.stats[child])
                 modules.append(_dense(w_hat, child.bias, child))
                 total += nbytes
             self._cached = (part, modules, total)

@@ -115,3 +115,20 @@ def test_fake_quantized_head_changes_only_the_logits(tiny_llama_dir):
     assert sizes["lm_head_bytes"] == model.embed.numel() + 4 * model.embed.numel() // 32
     assert torch.equal(model.embed, embed)          # the tied embedding itself stays fp32
     fake.restore()
+
+
+def test_a_per_projection_override_quantizes_that_projection_its_own_way(tiny_llama_dir):
+    llm = LLM(tiny_llama_dir, kv_cache_memory=8 << 20)
+    model = llm.engine.model
+    fake = FakeQuantized(model, [list(range(100, 160))])
+    whole = fake.apply("int4-rtn")["linear_weight_bytes"]
+    fake.restore()
+    mixed = fake.apply("int4-rtn@down=int8")["linear_weight_bytes"]
+    assert mixed > whole      # int8 down projections take more bytes than int4 ones
+    swapped = dict((name, m) for (_, name, _), m in zip(fake.layers, fake._cached[1]))
+    # down's values sit on a per-channel int8 grid (at most 255 levels a row), the others on int4's groups
+    assert max(len(torch.unique(row)) for row in swapped["down"].weight.detach()) <= 255
+    assert max(len(torch.unique(row)) for row in swapped["down"].weight.detach()) > 16
+    fake.restore()
+    with pytest.raises(ValueError, match="no projection named dwn"):
+        fake.apply("int4-rtn@dwn=int8")
