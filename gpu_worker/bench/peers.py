@@ -130,18 +130,18 @@ def runners(args: argparse.Namespace, job: dict, logs: Path, skip: set[str]) -> 
 
 
 def run_engines(args: argparse.Namespace, job: dict, logs: Path) -> dict[str, dict]:
-    """Every engine not skipped: name -> run result, {"rounds_runs": [...]} with --rounds, or
-    {"skipped": why}. Without --rounds, one after another."""
+    """Every engine not skipped: name -> run result (with --rounds, its rounds as one row:
+    peers_report.summarize_rounds) or {"skipped": why}. Without --rounds, one after another."""
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     found, runs = runners(args, job, logs, skip)
-    if getattr(args, "rounds", 1) > 1 and found:
+    if args.rounds > 1 and found:
         from gpu_worker.bench.peers_rounds import run_rounds
 
         for name, result in run_rounds(found, args.rounds, RUN_TIMEOUT_S).items():
-            runs[name] = result if isinstance(result, dict) else {"rounds_runs": result}
+            runs[name] = result if isinstance(result, dict) else summarize_rounds(result)
     else:
         for name, r in found.items():
-            runs[name] = _guarded(lambda r=r: _subprocess_run([*r.command], r.extra, r.job, r.env, r.log_path))
+            runs[name] = _guarded(lambda r=r: _subprocess_run(r.command, r.extra, r.job, r.env, r.log_path))
     if "llama" not in skip:
         runs.update(_run_llama(args, job, logs))
     return {name: runs[name] for name in (*found, *(n for n in runs if n not in found))}
@@ -200,7 +200,6 @@ def run(args: argparse.Namespace) -> int:
               "peer_versions": disc.versions(), "engines": {}}
     runs = run_engines(args, job, logs)
     result["uptime_after"] = _uptime()
-    runs = {name: summarize_rounds(r["rounds_runs"]) if "rounds_runs" in r else r for name, r in runs.items()}
     ref = next((r["outputs"] for name, r in runs.items() if name.startswith("this engine") and "outputs" in r), None)
     for name, r in runs.items():
         row = r if "skipped" in r else figures(r) if "rounds" not in r else {k: v for k, v in r.items()
