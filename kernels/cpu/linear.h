@@ -58,6 +58,7 @@ int fleet_linear_amx_split(int fmt, const float *x, int64_t M, int64_t N, int64_
  * at 64 / 128 rows 0.91x / 0.88x, int4 0.98x / 0.92x. */
 #define PF_AHEAD 8192
 #define PF_BLOCKS 6    /* past this many blocks a tile's compute hides its fetch */
+#define CONTIGUOUS_ROWS (8 * PF_BLOCKS)   /* up to this many rows a thread's tiles follow one another */
 /* AVX2's 3-row blocks ran 8-16 rows 1.2-1.4x slower with it (the AVX2 build on the same Zen 5,
  * f32/int8/int4), 1-4 rows level: off there. */
 #if defined(FLEET_AVX512)
