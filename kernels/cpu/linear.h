@@ -73,7 +73,7 @@ typedef struct {
 
 AI pf_t pf_plan(const char *own, int64_t bytes, int64_t K, int64_t M, int64_t b) {
     const int64_t full = M / RB;   /* blocks of RB rows; a last, smaller one prefetches nothing */
-    if (!PF_ON || b >= full || full > PF_BLOCKS) return (pf_t){NULL, 0};
+    if (!PF_ON || b >= full || M > CONTIGUOUS_ROWS) return (pf_t){NULL, 0};
     if (M == RB) return (pf_t){own + PF_AHEAD, bytes / K};
     const int64_t chunk = (bytes + full - 1) / full;
     return (pf_t){own + bytes + b * chunk, (chunk + K - 1) / K};
