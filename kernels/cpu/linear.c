@@ -220,7 +220,7 @@ static void decode_tile(int fmt, const tile_t *t, float *buf) {
 
 /* Tiles a thread takes at a time. Where the row blocks prefetch the next tile (pf_plan), each
  * thread's tiles must follow one another: one contiguous share each, as a static schedule
- * gives. Past CONTIGUOUS_ROWS (48: PF_BLOCKS blocks of 8) nothing is prefetched and the tiles go
+ * gives. Past CONTIGUOUS_ROWS (48) nothing is prefetched and the tiles go
  * one at a time, so that a thread the machine slows down takes fewer: the threads of a
  * static split waited for each other at every call's end (libgomp's barrier was 10 % of a
  * prefill step's samples, perf, 2-core AMD EPYC Zen 5). In-process A/B, 1,020-token prefill

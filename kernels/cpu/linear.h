@@ -51,14 +51,15 @@ int fleet_linear_amx_split(int fmt, const float *x, int64_t M, int64_t N, int64_
  * with) prefetch nothing. In-process A/B on a 2-core AMD EPYC Zen 5, cold weights, SmolLM2's
  * four projection shapes, per 30 layers: 8-64 rows 0.5-0.9x the time (f32 16 rows 13.2 ->
  * 10.1 ms, int8 8 rows 7.9 -> 4.2, bf16 16 rows 17.9 -> 10.2), 1-6 and 256-1,024 rows level.
- * Past PF_BLOCKS blocks the tiles go to the threads one at a time instead (linear.c,
+ * Past CONTIGUOUS_ROWS the tiles go to the threads one at a time instead (linear.c,
  * tile_chunk), which a prefetch of "the next tile" cannot follow. A later A/B on the same
- * kind of CPU, f32 (mm harness in /tmp, alternating, medians of 5): with PF_BLOCKS 6 rather
- * than 32, 56-128 rows 0.87-0.96x the time, 256 rows 0.8-0.94x, up to 48 rows level; int8
- * at 64 / 128 rows 0.91x / 0.88x, int4 0.98x / 0.92x. */
+ * kind of CPU, f32 (mm harness in /tmp, alternating, medians of 5): with the limit at 48 rows
+ * rather than 256, 56-128 rows 0.87-0.96x the time, 256 rows 0.8-0.94x, up to 48 rows level;
+ * int8 at 64 / 128 rows 0.91x / 0.88x, int4 0.98x / 0.92x. */
 #define PF_AHEAD 8192
-#define PF_BLOCKS 6    /* past this many blocks a tile's compute hides its fetch */
-#define CONTIGUOUS_ROWS (8 * PF_BLOCKS)   /* up to this many rows a thread's tiles follow one another */
+/* Up to this many rows the row blocks prefetch the next tile and a thread's tiles follow one
+ * another; past it a tile's compute hides its fetch. */
+#define CONTIGUOUS_ROWS 48
 /* AVX2's 3-row blocks ran 8-16 rows 1.2-1.4x slower with it (the AVX2 build on the same Zen 5,
  * f32/int8/int4), 1-4 rows level: off there. */
 #if defined(FLEET_AVX512)
