@@ -124,6 +124,11 @@ async def _serve(url: str, interval_ms: int, rids: list[str], n: int, *, step_s:
         publisher.on_report(StepReport(deltas=[d[step] for d in per_request.values() if step < len(d)]))
         await asyncio.sleep(step_s)
     await client.settle(rids)
+    # The terminal event can reach the client before the publisher has booked the FINISH
+    # script's reply (seen on a loaded machine): let it, rather than cancel it half-way.
+    deadline = time.monotonic() + 5
+    while st.inflight and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     await client.close()
