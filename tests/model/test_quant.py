@@ -18,7 +18,7 @@ def test_parse_method_and_group_fallback():
     assert parse_method("int4-g32")[:4] == ("int4", 32, None, "int4-g32")
     assert parse_method("int4+head")[:4] == ("int4", 128, ("int8", None), "int4")
     assert parse_method("int8-g32+head-int4-g64").head == ("int4", 64)
-    assert parse_method("w8a8") == ("int8", None, None, "int8", "int8")        # int8's weights, int8 activations
+    assert parse_method("w8a8") == ("int8", None, None, "w8a8", "int8")   # int8 weights (smoothed), int8 activations
     assert parse_method("w8a8+head").head == ("int8", None) and parse_method("int8").activations == "float"
     for bad in ("fp8", "int4-g48", "int8-g8", "", "int8+", "int8+tail", "int8+head-fp8", "int8+head+head",
                 "w8a8-g32", "w8a8+head-int4"):
@@ -50,7 +50,8 @@ def test_tiny_model_quantized_keeps_greedy_choices_and_saves_memory(tiny_llama_d
     assert quant["total_weight_bytes"] < fp32["total_weight_bytes"]
 
 
-@pytest.mark.parametrize("cls, kwargs", [(Int8Linear, {}), (Int4Linear, {"group_size": 32})])
+@pytest.mark.parametrize("cls, kwargs", [(Int8Linear, {}), (Int8Linear, {"smoothed": True}),
+                                         (Int4Linear, {"group_size": 32})])
 def test_triton_and_cpu_forward_paths_agree(cls, kwargs):
     pytest.importorskip("triton")
     from gpu_worker.model.quant.calibration import LayerInputs
@@ -62,26 +63,30 @@ def test_triton_and_cpu_forward_paths_agree(cls, kwargs):
     lin.weight.normal_(0, 0.1)
     lin.bias.normal_()
     method = "int8" if cls is Int8Linear else "int4"
-    # int4 with activation-aware input scales, whose division both paths must apply
-    rows = LayerInputs.from_rows(torch.randn(32, 64) * torch.linspace(0.5, 8, 64)) if method == "int4" else None
-    cpu = _quantize_linear(lin, method, kwargs.get("group_size", 128), use_triton=False, inputs=rows)
-    tri = _quantize_linear(lin, method, kwargs.get("group_size", 128), use_triton=True, inputs=rows)
+    # int4 with activation-aware input scales, int8 smoothed for W8A8: input scales both paths must apply
+    scaled = method == "int4" or kwargs.get("smoothed")
+    rows = LayerInputs.from_rows(torch.randn(32, 64) * torch.linspace(0.5, 8, 64)) if scaled else None
+    group = kwargs.get("group_size", 128 if method == "int4" else None)
+    cpu = _quantize_linear(lin, method, group, use_triton=False, inputs=rows)
+    tri = _quantize_linear(lin, method, group, use_triton=True, inputs=rows)
+    assert (cpu.input_scale is not None) == bool(scaled)
     x = torch.randn(5, 64)
     torch.testing.assert_close(tri(x), cpu(x), rtol=1e-4, atol=1e-4)
     rel_err = (cpu(x) - lin(x)).norm() / lin(x).norm()
     assert rel_err < (0.01 if method == "int8" else 0.1)
 
 
-@pytest.mark.parametrize("calibrated", [False, True])
-def test_saved_quantized_checkpoint_reloads_identically(tiny_qwen_dir, tmp_path, calibrated):
+@pytest.mark.parametrize("spec, calibrated", [("int4", False), ("int4", True), ("w8a8", False), ("w8a8", True)])
+def test_saved_quantized_checkpoint_reloads_identically(tiny_qwen_dir, tmp_path, spec, calibrated):
     a = LLM(tiny_qwen_dir, kv_cache_memory=8 << 20).engine.model
     calibration = [list(range(300, 360)), list(range(1000, 1040))] if calibrated else None
-    quantize_model(a, "int4", calibration=calibration)
+    quantize_model(a, spec, calibration=calibration)
     layer = a.layers[0].qkv
-    assert isinstance(layer, Int4Linear) and (layer.input_scale is not None) == calibrated
-    save_quantized(a, "int4", tmp_path)
+    assert isinstance(layer, Int4Linear if spec == "int4" else Int8Linear)
+    assert (layer.input_scale is not None) == calibrated
+    save_quantized(a, spec, tmp_path)
     b = LLM(tiny_qwen_dir, kv_cache_memory=8 << 20).engine.model
-    assert load_quantized(b, tmp_path) == "int4"
+    assert load_quantized(b, tmp_path) == spec
     ids = list(range(200, 230))
     assert torch.equal(forward_logits(a, ids), forward_logits(b, ids))
 

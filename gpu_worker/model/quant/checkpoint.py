@@ -1,13 +1,15 @@
 """Pre-quantized checkpoints: the canonical quantized modules of ``quantize.py`` written to
-and read from a safetensors file beside a small JSON header. The calibrated-INT4 cache
+and read from a safetensors file beside a small JSON header. The calibrated cache
 (``cache.py``) and ``fleet quantize`` use them; a quantized LM head is never stored (it is
-requantized from the float head in well under a second), nor are CPU-packed modules:
-save before packing (``cpu_pack.py``), pack after loading."""
+requantized from the float head in well under a second; for W8A8 only its smoothing scales
+are kept, under ``head_input_scale``, since finding them needs the calibration text), nor are
+CPU-packed modules: save before packing (``cpu_pack.py``), pack after loading."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import torch
 from torch import nn
 
 from gpu_worker.model.ops.cpu_linear import CpuPackedLinear
@@ -17,9 +19,14 @@ CHECKPOINT_FILE = "quantized.safetensors"
 CHECKPOINT_META = "quantization.json"
 
 
-def save_quantized(model: nn.Module, spec: str, directory: str | Path) -> Path:
-    """Write the quantized model's state (all weights but a quantized LM head) beside a small
-    JSON header naming ``spec``'s layers. ValueError for a CPU-packed model."""
+HEAD_SCALE = "head_input_scale"
+
+
+def save_quantized(model: nn.Module, spec: str, directory: str | Path,
+                   head_input_scale: torch.Tensor | None = None) -> Path:
+    """Write the quantized model's state (all weights but a quantized LM head) and, if given,
+    the head's W8A8 smoothing scales, beside a small JSON header naming ``spec``'s layers.
+    ValueError for a CPU-packed model."""
     from safetensors.torch import save_file
 
     head = getattr(model, "packed_head", None)   # never stored, whatever its format
@@ -30,6 +37,8 @@ def save_quantized(model: nn.Module, spec: str, directory: str | Path) -> Path:
     state = {k: v.contiguous().cpu() for k, v in model.state_dict().items() if not k.startswith("packed_head.")}
     if getattr(model.cfg, "tie_word_embeddings", False):
         state.pop("lm_head", None)
+    if head_input_scale is not None:
+        state[HEAD_SCALE] = head_input_scale.detach().float().contiguous().cpu()
     save_file(state, str(directory / CHECKPOINT_FILE))
     (directory / CHECKPOINT_META).write_text(json.dumps({"quantization": parse_method(spec).layers, "format": 1}))
     return directory / CHECKPOINT_FILE
@@ -48,6 +57,7 @@ def load_quantized(model: nn.Module, directory: str | Path, *, use_triton: bool 
     method, group = parse_method(spec)[:2]
     use_triton = uses_triton(model, use_triton)
     state = load_file(str(directory / CHECKPOINT_FILE))
+    state.pop(HEAD_SCALE, None)     # the head is quantized by the caller (load_head_input_scale)
     scaled = any(k.endswith(".input_scale") for k in state)
     swap_linears(model, lambda lin: empty_quantized(lin, method, group, use_triton, scaled))
     missing, unexpected = model.load_state_dict(state, strict=False)
@@ -55,3 +65,11 @@ def load_quantized(model: nn.Module, directory: str | Path, *, use_triton: bool 
     if missing or unexpected:
         raise ValueError(f"checkpoint mismatch: missing {missing[:5]}, unexpected {unexpected[:5]}")
     return spec
+
+
+def load_head_input_scale(directory: str | Path) -> torch.Tensor | None:
+    """The LM head's W8A8 smoothing scales stored by :func:`save_quantized`, or None."""
+    from safetensors import safe_open
+
+    with safe_open(str(Path(directory) / CHECKPOINT_FILE), framework="pt") as f:
+        return f.get_tensor(HEAD_SCALE) if HEAD_SCALE in f.keys() else None

@@ -8,7 +8,7 @@ import argparse
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="model dir or .gguf (default: embedded SmolLM2)")
-    p.add_argument("--quantization", default="int4", help="int4 (default), int4-g<group> or int8")
+    p.add_argument("--quantization", default="int4", help="int4 (default), int4-g<group> or w8a8: the calibrated ones (int8 needs no cache)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32")
 
@@ -25,5 +25,5 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_model_config(model_dir)
     model = build_model(config, cfg, model_dir, cfg.max_position_embeddings, Tokenizer(model_dir))
     path = cache_path(model, args.quantization, model_dir) if config.quant_cache else None
-    print(path if path is not None and path.exists() else "not cached (the cache is off, or int8 / uncalibrated int4: no cache needed)")
+    print(path if path is not None and path.exists() else "not cached (the cache is off, or a weight-only int8 spec: no cache needed)")
     return 0

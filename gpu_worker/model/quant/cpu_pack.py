@@ -31,10 +31,10 @@ def packed_module(q: Int8Linear | Int4Linear, w8a8: bool = False) -> CpuPackedLi
     if isinstance(q, Int8Linear):
         if w8a8:
             try:
-                return CpuPackedLinear(packed_linear.pack_w8a8(q.qweight, q.scale), q.bias)
+                return CpuPackedLinear(packed_linear.pack_w8a8(q.qweight, q.scale), q.bias, q.input_scale)
             except ValueError:   # grouped scales, or K not a multiple of 16: the weight-only kernel
                 pass
-        return CpuPackedLinear(packed_linear.pack_int8(q.qweight, q.scale), q.bias)
+        return CpuPackedLinear(packed_linear.pack_int8(q.qweight, q.scale), q.bias, q.input_scale)
     weight = packed_linear.pack_int4(q.packed, q.scales, q.mins, q.group_size)
     return CpuPackedLinear(weight, q.bias, q.input_scale)
 

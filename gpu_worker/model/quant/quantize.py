@@ -3,7 +3,10 @@ model's :class:`Linear` modules for quantized ones.
 
 Formats are those of ``kernels/quantize.py``: INT8 symmetric per output channel (``int8``)
 or per group of input features (``int8-g<G>``), INT4 asymmetric per group (``int4``, group
-128 by default; ``int4-g<G>``). Embeddings and norms stay in float; the LM head too unless
+128 by default; ``int4-g<G>``). ``w8a8`` is per-channel INT8 whose CPU matmuls also round
+the activations to int8 per row; calibrated, its weights are smoothed first (``smooth.py``:
+per-input-channel scales that move activation outliers into the weights, divided back out
+of the input). Embeddings and norms stay in float; the LM head too unless
 the spec ends in ``+head`` (INT8 per channel) or ``+head-<format>`` (``+head-int8-g32``,
 ``+head-int4-g64``): then ``packed_head`` holds a quantized copy of it.
 
@@ -39,6 +42,7 @@ from gpu_worker.model.ops.onednn import PackedLinear
 from gpu_worker.model.quant.calibration import LayerInputs, layer_inputs
 from gpu_worker.model.quant.gptq import calibrated_int4
 from gpu_worker.model.quant.int4_fit import fit_int4
+from gpu_worker.model.quant.smooth import head_input_scale, smoothed_int8
 
 logger = logging.getLogger(__name__)
 
@@ -71,13 +75,13 @@ def _parse_part(part: str, spec: str) -> tuple[str, int | None]:
 
 def parse_method(spec: str) -> QuantSpec:
     """'int8' -> ('int8', None, None, 'int8'); 'int4-g64+head' -> ('int4', 64, ('int8', None), 'int4-g64');
-    'int4' has group 128; 'w8a8' -> int8's weights with activations 'int8'; ValueError (saying what is
+    'int4' has group 128; 'w8a8' -> int8 weights with activations 'int8'; ValueError (saying what is
     accepted) for anything else."""
     layers, plus, head = (spec or "").partition("+")
-    if layers == "w8a8":   # int8 per-channel codes (int8's checkpoint) whose matmuls quantize x per row
+    if layers == "w8a8":   # int8 per-channel codes whose matmuls quantize x per row (smoothed when calibrated)
         if plus and head != "head":
             raise ValueError(f"unknown quantization {spec!r}; {SPEC_HELP}")
-        return QuantSpec("int8", None, ("int8", None) if plus else None, "int8", "int8")
+        return QuantSpec("int8", None, ("int8", None) if plus else None, "w8a8", "int8")
     method, group = _parse_part(layers, spec)
     if not plus:
         return QuantSpec(method, group, None, layers)
@@ -89,19 +93,23 @@ def parse_method(spec: str) -> QuantSpec:
 
 
 class Int8Linear(nn.Module):
-    """y = x @ dequant(q, scale).T (+ b); q [out, in] int8, scale [out] (per channel) or
-    [out, in // group_size] (per group of input features)."""
+    """y = (x / input_scale) @ dequant(q, scale).T (+ b); q [out, in] int8, scale [out] (per
+    channel) or [out, in // group_size] (per group of input features). ``input_scale`` (per
+    input feature) is present when the weights were smoothed for W8A8 (``smooth.py``), else None."""
 
     def __init__(self, out_features: int, in_features: int, bias: bool, use_triton: bool,
-                 group_size: int | None = None) -> None:
+                 group_size: int | None = None, input_scaled: bool = False) -> None:
         super().__init__()
         self.use_triton, self.group_size = use_triton, group_size
         scale_shape = (out_features,) if group_size is None else (out_features, in_features // group_size)
         self.register_buffer("qweight", torch.empty(out_features, in_features, dtype=torch.int8))
         self.register_buffer("scale", torch.empty(scale_shape, dtype=torch.float32))
+        self.register_buffer("input_scale", torch.ones(in_features) if input_scaled else None)
         self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [n, in] -> [n, out]
+        if self.input_scale is not None:
+            x = x / self.input_scale.to(x.dtype)
         if self.group_size is not None:   # no kernel for grouped INT8 here (the CPU path packs it)
             out = F.linear(x, dequantize_int8(self.qweight, self.scale).to(x.dtype))
         elif self.use_triton:
@@ -159,19 +167,24 @@ def empty_quantized(lin: Linear, method: str, group_size: int | None, use_triton
     has_bias = lin.bias is not None
     if method == "int8":
         group = None if group_size is None else int4_group_for(in_f, group_size)
-        return Int8Linear(out_f, in_f, has_bias, use_triton, group)
+        return Int8Linear(out_f, in_f, has_bias, use_triton, group, input_scaled)
     return Int4Linear(out_f, in_f, has_bias, use_triton, int4_group_for(in_f, group_size), input_scaled)
 
 
 def _quantize_linear(lin: Linear, method: str, group_size: int | None, use_triton: bool,
                      inputs: LayerInputs | None = None) -> nn.Module:
-    """Quantized copy of ``lin``. INT4 given calibration ``inputs`` (what the layer received):
-    activation-aware input scales, then GPTQ; without: a least-squares fit per group."""
+    """Quantized copy of ``lin``. Given calibration ``inputs`` (what the layer received): INT4
+    with activation-aware input scales, then GPTQ; per-channel INT8 smoothed for W8A8
+    (``smooth.py``; only W8A8 calibrates INT8). Without: a least-squares fit per group (INT4),
+    absmax rounding (INT8)."""
     weight = lin.weight
-    calibrated = method == "int4" and inputs is not None
+    calibrated = inputs is not None and (method == "int4" or group_size is None)
     q = empty_quantized(lin, method, group_size, use_triton, calibrated).to(weight.device)
     with torch.no_grad():
-        if method == "int8":
+        if method == "int8" and calibrated:
+            q.qweight, q.scale, s, _ = smoothed_int8(weight, inputs)
+            q.input_scale.copy_(s)
+        elif method == "int8":
             q.qweight, q.scale = quantize_int8(weight, q.group_size)
         elif calibrated:
             q.packed, q.scales, q.mins, s = calibrated_int4(weight, inputs, q.group_size)
@@ -214,14 +227,17 @@ def quantize_model(model: nn.Module, spec: str, *, use_triton: bool | None = Non
                    calibration: list[list[int]] | None = None) -> nn.Module:
     """Swap model's Linear modules for quantized ones, in place, on the weights' device, and
     quantize the LM head too if ``spec`` says so (:func:`quantize_head`). ``use_triton``
-    defaults to the model's ops backend being ``triton``. For INT4, ``calibration`` (token
-    sequences, e.g. ``calibration.calibration_sequences``) turns on activation-aware input
-    scales and GPTQ."""
-    method, group, head = parse_method(spec)[:3]
+    defaults to the model's ops backend being ``triton``. ``calibration`` (token sequences,
+    e.g. ``calibration.calibration_sequences``) turns on, for INT4, activation-aware input
+    scales and GPTQ, and for W8A8, smoothing scales (``smooth.py``); other specs ignore it."""
+    parsed = parse_method(spec)
+    method, group, head = parsed[:3]
     use_triton = uses_triton(model, use_triton)
     groups: set[int | None] = set()
     stats: dict[nn.Module, LayerInputs] = {}
-    if method == "int4" and calibration:
+    smooth_head = calibration and parsed.activations == "int8" and head is not None
+    head_scale = head_input_scale(model, calibration) if smooth_head else None   # on the float model
+    if calibration and (method == "int4" or parsed.activations == "int8"):
         targets = {child for _, _, child in _projections(model)}
         stats = layer_inputs(model, calibration, lambda m: m in targets)
 
@@ -235,21 +251,30 @@ def quantize_model(model: nn.Module, spec: str, *, use_triton: bool | None = Non
         logger.info("%s: requested group %s; layers use groups %s (in_features not divisible)", method, group,
                     sorted(groups))
     logger.info("quantized %d linear layers to %s (%s kernels%s)", n, spec, "triton" if use_triton else "torch",
-                ", activation-aware + GPTQ" if stats else "")
+                "" if not stats else ", smoothed" if method == "int8" else ", activation-aware + GPTQ")
     if head is not None:
-        quantize_head(model, head, use_triton=use_triton)
+        quantize_head(model, head, use_triton=use_triton, input_scale=head_scale)
     return model
 
 
-def quantize_head(model: nn.Module, head: tuple[str, int | None], *, use_triton: bool | None = None) -> None:
+def quantize_head(model: nn.Module, head: tuple[str, int | None], *, use_triton: bool | None = None,
+                  input_scale: torch.Tensor | None = None) -> None:
     """Set ``model.packed_head`` to a quantized copy of the LM head (``head`` = (method,
-    group_size); INT4 uncalibrated). The (tied) float weight stays for the embedding lookups."""
+    group_size); INT4 uncalibrated). The (tied) float weight stays for the embedding lookups.
+    ``input_scale`` [hidden] (W8A8's smoothing of the head, :func:`smooth.head_input_scale`;
+    per-channel INT8 only) is multiplied into the weight before quantizing and divided out of
+    the head's input."""
     weight = getattr(model, "lm_head", None)
     if not isinstance(weight, torch.Tensor) or not weight.numel():
         return
-    lin = SimpleNamespace(weight=weight, bias=None, out_features=weight.shape[0], in_features=weight.shape[1])
-    model.packed_head = _quantize_linear(lin, head[0], head[1], uses_triton(model, use_triton))
-    logger.info("LM head quantized to %s (group %s)", *head)
+    smoothed = input_scale is not None and head == ("int8", None)
+    lin = SimpleNamespace(weight=weight * input_scale if smoothed else weight, bias=None,
+                          out_features=weight.shape[0], in_features=weight.shape[1])
+    q = _quantize_linear(lin, head[0], head[1], uses_triton(model, use_triton))
+    if smoothed:
+        q.input_scale = input_scale.to(weight.device, torch.float32).clone()
+    model.packed_head = q
+    logger.info("LM head quantized to %s (group %s%s)", *head, ", smoothed" if smoothed else "")
 
 
 def _module_bytes(mod: nn.Module, seen: set[int]) -> int:
