@@ -106,6 +106,35 @@ def test_fake_quantization_matches_the_quantized_layers(tiny_llama_dir, tmp_path
     torch.testing.assert_close(fake_logits, real_logits, atol=2e-4, rtol=1e-3)
 
 
+def test_fake_w8a8_matches_the_packed_w8a8_model(tiny_llama_dir):
+    """A ``w8a8`` recipe computes what ``--quantization w8a8``'s kernels do (the same smoothing,
+    the input rounded per row); ``-a<group>`` rounds finer, and bad groups are refused."""
+    from gpu_worker.model.quant.cpu_pack import pack_quantized
+    from kernels.cpu import linear as packed_linear
+
+    if not packed_linear.w8a8_supported():
+        pytest.skip("no W8A8 kernel on this CPU")
+    ids = list(range(200, 240))
+    llm = LLM(tiny_llama_dir, kv_cache_memory=8 << 20)
+    model = llm.engine.model
+    seqs = calibration_sequences(llm.tokenizer, model)
+    fake = FakeQuantized(model, seqs)
+    fake.apply("w8a8")
+    fake_logits = forward_logits(model, ids)
+    fake.restore()
+    fake.apply("w8a8-a32")
+    grouped = forward_logits(model, ids)
+    fake.restore()
+    real = quantize_model(LLM(tiny_llama_dir, kv_cache_memory=8 << 20).engine.model, "w8a8", calibration=seqs)
+    assert pack_quantized(real, int8_activations=True) == 4 * len(real.layers)
+    real_logits = forward_logits(real, ids)
+    torch.testing.assert_close(fake_logits, real_logits, atol=2e-4, rtol=1e-3)
+    assert not torch.allclose(grouped, real_logits, atol=1e-4)
+    for bad in ("w8a8-a48", "w8a8-a8", "w8a8-g32"):
+        with pytest.raises(ValueError):
+            fake.apply(bad)
+
+
 def test_fake_quantized_head_changes_only_the_logits(tiny_llama_dir):
     llm = LLM(tiny_llama_dir, kv_cache_memory=8 << 20)
     model = llm.engine.model
