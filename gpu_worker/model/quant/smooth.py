@@ -10,10 +10,10 @@ activation on calibration text, ``wmax_j`` its largest weight) and its weights m
 weights, quantized per output channel, take a share of the difficulty. ``alpha`` is searched
 per layer for the smallest output error of the whole W8A8 product on the calibration rows
 (no smoothing is a candidate too, so the search never does worse than plain W8A8 on them).
-The quantized layer divides its input by ``s`` (``Int8Linear.input_scale``; the CPU kernels
-do it in the pass that feeds the matmul).
+The quantized layer divides its input by ``s`` (``Int8Linear.input_scale``; on the CPU the
+packed module, or the fused decode layers, divide before the W8A8 matmul).
 
-Measured on SmolLM2-135M-Instruct: see the README (Quantization quality).
+Measured on SmolLM2-135M-Instruct: see the README (Smoothed W8A8).
 """
 from __future__ import annotations
 
