@@ -1,10 +1,16 @@
 """llama.cpp's ``llama-server`` for ``fleet bench peers``: started on 127.0.0.1 with
 continuous batching over 16 slots, driven with concurrent ``/completion`` requests of
-token-id prompts (greedy, exactly n_predict tokens, no prompt cache), then stopped."""
+token-id prompts (greedy, exactly n_predict tokens, no prompt cache), then stopped.
+
+A server killed by a signal while it loads is started once more with ``--no-repack``:
+llama.cpp 0.3.36 (the pinned build) dies with a segmentation fault in its weight repacking
+when it loads a Q4_1 GGUF on an Intel Xeon with AMX (seen on two sessions' machines). The
+retry, and why, goes into the run's settings; the crashed attempt's log is kept beside it."""
 from __future__ import annotations
 
 import json
 import logging
+import signal
 import socket
 import subprocess
 import time
@@ -18,6 +24,7 @@ from gpu_worker.bench.peers_job import run_job
 logger = logging.getLogger(__name__)
 
 SLOTS = 16
+NO_REPACK = "--no-repack"
 CONTEXT_PER_SLOT = 1024     # the workload's longest request is 384 + 160 tokens
 
 
@@ -49,11 +56,20 @@ def _post(port: int, body: dict, timeout: float = 600) -> dict:
         return json.load(resp)
 
 
+class ServerExited(RuntimeError):
+    """llama-server ended before it was ready; ``returncode`` < 0: killed by that signal."""
+
+    def __init__(self, returncode: int) -> None:
+        super().__init__(f"llama-server exited with {returncode}" if returncode >= 0 else
+                         f"llama-server was killed by {signal.Signals(-returncode).name} while loading")
+        self.returncode = returncode
+
+
 def _wait_ready(port: int, proc: subprocess.Popen, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"llama-server exited with {proc.returncode}")
+            raise ServerExited(proc.returncode)
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as resp:
                 if resp.status == 200:
@@ -93,7 +109,23 @@ def http_generate(port: int):
 
 
 def run_llama(binary: Path, gguf: Path, job: dict, threads: int, log_path: Path, extra: tuple[str, ...] = ()) -> dict:
-    """The peers job against one GGUF; f32 KV cache for an F32 GGUF, f16 for the others."""
+    """The peers job against one GGUF; f32 KV cache for an F32 GGUF, f16 for the others. A
+    server killed by a signal at load is retried once with ``--no-repack`` (the module's doc)."""
+    try:
+        return _run_llama_once(binary, gguf, job, threads, log_path, extra)
+    except ServerExited as exc:
+        if exc.returncode >= 0 or NO_REPACK in extra:
+            raise
+        crashed = log_path.with_suffix(".crashed.log")
+        log_path.replace(crashed)
+        logger.warning("%s (%s; log %s): starting it again with %s", exc, gguf.name, crashed, NO_REPACK)
+        result = _run_llama_once(binary, gguf, job, threads, log_path, (*extra, NO_REPACK))
+        result["settings"]["retried"] = f"{exc}; ran with {NO_REPACK}"
+        return result
+
+
+def _run_llama_once(binary: Path, gguf: Path, job: dict, threads: int, log_path: Path,
+                    extra: tuple[str, ...]) -> dict:
     kv_type = "f32" if "F32" in gguf.name else "f16"
     t0 = time.perf_counter()
     with server(binary, gguf, threads, kv_type, log_path, extra) as port:

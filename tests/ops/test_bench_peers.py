@@ -12,7 +12,12 @@ import gpu_worker.cli as engine_cli
 from gpu_worker.bench import peers, peers_discovery
 from gpu_worker.bench.peers_engine import engine_options
 from gpu_worker.bench.peers_job import run_job
-from gpu_worker.bench.peers_llama import completion_body, server_command
+from gpu_worker.bench.peers_llama import (
+    ServerExited,
+    completion_body,
+    run_llama,
+    server_command,
+)
 from gpu_worker.bench.peers_quality import compare, quality_table
 from gpu_worker.bench.peers_report import agreement, figures, table
 from gpu_worker.bench.workload import mixed_workload
@@ -111,6 +116,58 @@ def test_llama_server_listens_on_loopback_with_16_slots_and_greedy_fixed_length_
     body = completion_body([1, 2], 5)
     assert body["n_predict"] == 5 and body["ignore_eos"] and body["temperature"] == 0
     assert body["cache_prompt"] is False and body["prompt"] == [1, 2]
+
+
+FAKE_SERVER = """\
+import json, os, signal, sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+args = sys.argv[1:]
+if "--exit-code" in args:
+    sys.exit(int(args[args.index("--exit-code") + 1]))
+if "--no-repack" not in args:   # as llama.cpp 0.3.36 does with a Q4_1 GGUF on an AMX Xeon
+    os.kill(os.getpid(), signal.SIGSEGV)
+
+class Handler(BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+
+    def _reply(self, body):
+        data = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        self._reply({"status": "ok"})
+
+    def do_POST(self):
+        req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self._reply({"tokens": [7] * req["n_predict"]})
+
+ThreadingHTTPServer(("127.0.0.1", int(args[args.index("--port") + 1])), Handler).serve_forever()
+"""
+
+
+def _fake_llama_server(tmp_path):
+    binary = tmp_path / "llama-server"
+    binary.write_text(f"#!{sys.executable}\n{FAKE_SERVER}")
+    binary.chmod(0o755)
+    return binary
+
+
+def test_a_llama_server_killed_at_load_is_retried_once_without_repacking(tmp_path):
+    job = {"workload": [[[1, 2, 3], 4], [[5], 2]], "batch1": {"prompt": [1] * 32, "tokens": 3, "reps": 1}}
+    log = tmp_path / "llama-Q4_1.log"
+    out = run_llama(_fake_llama_server(tmp_path), tmp_path / "m-Q4_1.gguf", job, 2, log)
+    assert out["outputs"] == [[7] * 4, [7] * 2]
+    assert out["settings"]["extra_args"] == ["--no-repack"]
+    assert "SIGSEGV" in out["settings"]["retried"] and log.with_suffix(".crashed.log").exists()
+    # asked for already, or an ordinary exit: no second start
+    with pytest.raises(ServerExited, match="exited with 3"):
+        run_llama(_fake_llama_server(tmp_path), tmp_path / "m-Q4_1.gguf", job, 2, log, ("--exit-code", "3"))
+    out = run_llama(_fake_llama_server(tmp_path), tmp_path / "m-F32.gguf", job, 2, log, ("--no-repack",))
+    assert "retried" not in out["settings"] and out["settings"]["kv_type"] == "f32"
 
 
 def test_quality_rows_compare_each_format_with_the_engine_and_llama_f32():
