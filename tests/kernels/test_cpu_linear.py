@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from gpu_worker.model.ops.cpu_linear import cpu_flags
 from kernels.cpu import linear as L
 from kernels.quantize import dequantize_int4, dequantize_int8, quantize_int4, quantize_int8
 
@@ -53,6 +54,23 @@ def test_agrees_with_the_dequantized_product(fmt, n, k, group, m):
     y = L.linear(x, w, bias)
     _assert_close(y, x, w, bias)
     torch.testing.assert_close(y, L.reference_linear(x, w, bias), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("n", [960, 100, 96])
+@pytest.mark.parametrize("m", [49, 300, 1020])
+def test_f32_rows_of_a_prefill_call_are_the_bits_of_small_calls(n, m):
+    """Past 48 rows f32 goes two tiles at a time in blocks of 6 rows (AVX-512), and each row
+    is still the same bits as in a call of 8 rows: one chain of multiply-adds in k order (the
+    last, partial block of 8 keeps its own chains, and gets them in either call). Channel
+    counts with an odd tile (96) and a partial one (100) take the single-tile blocks too."""
+    gen = torch.Generator().manual_seed(n + m)
+    w = L.pack_f32(torch.randn(n, 576, generator=gen))
+    x, bias = torch.randn(m, 576, generator=gen), (torch.randn(n, generator=gen) if m % 2 else None)
+    many = L.linear(x, w, bias)
+    blocks = torch.cat([L.linear(x[r:r + 8], w, bias) for r in range(0, m, 8)])
+    avx512 = {"avx512f", "avx512bw"} <= cpu_flags()
+    rows = m if avx512 else m - m % 8   # AVX2's blocks of 3 keep two chains for a lone row
+    assert torch.equal(many[:rows], blocks[:rows])
 
 
 def _amx_rows() -> int:
