@@ -9,7 +9,12 @@ import torch.nn.functional as F
 
 from gpu_worker.model.ops.cpu_linear import cpu_flags
 from kernels.cpu import linear as L
-from kernels.quantize import dequantize_int4, dequantize_int8, quantize_int4, quantize_int8
+from kernels.quantize import (
+    dequantize_int4,
+    dequantize_int8,
+    quantize_int4,
+    quantize_int8,
+)
 
 FMTS = ("f32", "bf16", "int8", "int4")
 pytestmark = pytest.mark.skipif(not all(L.supported(f) for f in FMTS),
