@@ -25,6 +25,23 @@
 #include "tile_decode.h"
 
 #if defined(FLEET_SIMD)
+#include <cpuid.h>
+
+int fleet_prefetch_far(void) {
+    static int far = -1;   /* a race computes the same answer twice */
+    if (far < 0) {
+        const char *env = getenv("FLEET_PREFETCH");
+        unsigned a, b, c, d;
+        char vendor[13] = {0};
+        if (__get_cpuid(0, &a, &b, &c, &d)) {
+            memcpy(vendor, &b, 4);
+            memcpy(vendor + 4, &d, 4);
+            memcpy(vendor + 8, &c, 4);
+        }
+        far = env && !strcmp(env, "l1") ? 0 : env && !strcmp(env, "l2") ? 1 : !strcmp(vendor, "GenuineIntel");
+    }
+    return far;
+}
 
 /* acc[r] += x[r][k] * w for the block's R rows. */
 AI void fma_rows(const int R, vf acc[RB][2], const float *x, int64_t ldx, int64_t k, const vf *w) {

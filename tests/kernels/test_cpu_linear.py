@@ -3,6 +3,11 @@ every format, group size, row count (register blocks and the decoded-tile path) 
 channel count that is not a multiple of the tile must agree with the dequantized weight's
 float64 product to float32 rounding, with and without bias. On a CPU with AMX, bf16 calls of
 many rows round x to bf16 first (linear_amx.c), and the oracle does the same."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -76,6 +81,31 @@ def test_f32_rows_of_a_prefill_call_are_the_bits_of_small_calls(n, m):
     avx512 = {"avx512f", "avx512bw"} <= cpu_flags()
     rows = m if avx512 else m - m % 8   # AVX2's blocks of 3 keep two chains for a lone row
     assert torch.equal(many[:rows], blocks[:rows])
+
+
+_PREFETCH_RUN = """
+import sys, torch
+from kernels.cpu import linear as L
+from kernels.quantize import quantize_int4
+gen = torch.Generator().manual_seed(7)
+w = {"f32": L.pack_f32(torch.randn(96, 576, generator=gen)),
+     "int4": L.pack_int4(*quantize_int4(torch.randn(96, 576, generator=gen) * 0.05, 32), 32)}
+x = torch.randn(40, 576, generator=gen)
+torch.save({f"{f}-{m}": L.linear(x[:m], p) for f, p in w.items() for m in (1, 2, 4, 8, 12, 40)}, sys.argv[1])
+"""
+
+
+def test_the_prefetch_plan_changes_speed_only(tmp_path):
+    """FLEET_PREFETCH picks where the matmuls prefetch (L2 and further ahead on Intel, L1 on
+    AMD): every result is the same bits either way."""
+    runs = {}
+    for plan in ("l1", "l2"):
+        out = tmp_path / f"{plan}.pt"
+        subprocess.run([sys.executable, "-c", _PREFETCH_RUN, str(out)], check=True, timeout=300,
+                       cwd=Path(__file__).resolve().parents[2], env={**os.environ, "FLEET_PREFETCH": plan})
+        runs[plan] = torch.load(out)
+    assert runs["l1"].keys() == runs["l2"].keys()
+    assert all(torch.equal(runs["l1"][k], runs["l2"][k]) for k in runs["l1"])
 
 
 def _amx_rows() -> int:
