@@ -27,21 +27,39 @@
 #if defined(FLEET_SIMD)
 #include <cpuid.h>
 
+/* The CPU is Intel's (cpuid's vendor string), where the two tunings below were measured. */
+static int cpu_is_intel(void) {
+    unsigned a, b, c, d;
+    char vendor[13] = {0};
+    if (!__get_cpuid(0, &a, &b, &c, &d)) return 0;
+    memcpy(vendor, &b, 4);
+    memcpy(vendor + 4, &d, 4);
+    memcpy(vendor + 8, &c, 4);
+    return !strcmp(vendor, "GenuineIntel");
+}
+
+/* An override from the environment: 1 / 0 where `name` is `on` / `off`, else `otherwise`. */
+static int env_choice(const char *name, const char *on, const char *off, int otherwise) {
+    const char *v = getenv(name);
+    return v && !strcmp(v, on) ? 1 : v && !strcmp(v, off) ? 0 : otherwise;
+}
+
 int fleet_prefetch_far(void) {
     static int far = -1;   /* a race computes the same answer twice */
-    if (far < 0) {
-        const char *env = getenv("FLEET_PREFETCH");
-        unsigned a, b, c, d;
-        char vendor[13] = {0};
-        if (__get_cpuid(0, &a, &b, &c, &d)) {
-            memcpy(vendor, &b, 4);
-            memcpy(vendor + 4, &d, 4);
-            memcpy(vendor + 8, &c, 4);
-        }
-        far = env && !strcmp(env, "l1") ? 0 : env && !strcmp(env, "l2") ? 1 : !strcmp(vendor, "GenuineIntel");
-    }
+    if (far < 0) far = env_choice("FLEET_PREFETCH", "l2", "l1", cpu_is_intel());
     return far;
 }
+
+#if defined(FLEET_AVX512)
+/* f32 calls past CONTIGUOUS_ROWS in the two-tile blocks (f32_pairs): on Intel CPUs, where they
+ * were measured faster; AMD's 8 x 32 blocks ran at 95 % of the FMA rate on Zen 4 (README) and
+ * the pairs were not measured there. FLEET_F32_PAIRS=1 / 0 overrides. */
+static int f32_pairs_on(void) {
+    static int on = -1;
+    if (on < 0) on = env_choice("FLEET_F32_PAIRS", "1", "0", cpu_is_intel());
+    return on;
+}
+#endif
 
 /* acc[r] += x[r][k] * w for the block's R rows. */
 AI void fma_rows(const int R, vf acc[RB][2], const float *x, int64_t ldx, int64_t k, const vf *w) {
@@ -347,7 +365,7 @@ int fleet_linear(int fmt, const float *x, int64_t M, int64_t N, int64_t K, int64
     if ((fmt == FMT_INT8 || fmt == FMT_INT4) && M >= (fmt == FMT_INT4 ? AMX_SPLIT_ROWS_INT4 : AMX_SPLIT_ROWS)
         && !fleet_linear_amx_split(fmt, x, M, N, K, G, data, scales, mins, bias, out, num_threads)) return 0;
 #if defined(FLEET_AVX512)
-    if (fmt == FMT_F32 && M > CONTIGUOUS_ROWS && N >= 2 * TILE) {
+    if (fmt == FMT_F32 && M > CONTIGUOUS_ROWS && N >= 2 * TILE && f32_pairs_on()) {
         f32_pairs(x, M, N, K, data, bias, out, num_threads);
         return 0;
     }

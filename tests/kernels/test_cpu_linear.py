@@ -83,29 +83,31 @@ def test_f32_rows_of_a_prefill_call_are_the_bits_of_small_calls(n, m):
     assert torch.equal(many[:rows], blocks[:rows])
 
 
-_PREFETCH_RUN = """
+_TUNING_RUN = """
 import sys, torch
 from kernels.cpu import linear as L
 from kernels.quantize import quantize_int4
 gen = torch.Generator().manual_seed(7)
-w = {"f32": L.pack_f32(torch.randn(96, 576, generator=gen)),
+w = {"f32": L.pack_f32(torch.randn(100, 576, generator=gen)),
      "int4": L.pack_int4(*quantize_int4(torch.randn(96, 576, generator=gen) * 0.05, 32), 32)}
-x = torch.randn(40, 576, generator=gen)
-torch.save({f"{f}-{m}": L.linear(x[:m], p) for f, p in w.items() for m in (1, 2, 4, 8, 12, 40)}, sys.argv[1])
+x = torch.randn(300, 576, generator=gen)
+torch.save({f"{f}-{m}": L.linear(x[:m], p) for f, p in w.items() for m in (1, 2, 4, 8, 12, 40, 49, 300)}, sys.argv[1])
 """
 
 
-def test_the_prefetch_plan_changes_speed_only(tmp_path):
-    """FLEET_PREFETCH picks where the matmuls prefetch (L2 and further ahead on Intel, L1 on
-    AMD): every result is the same bits either way."""
+@pytest.mark.parametrize("knob,settings", [("FLEET_PREFETCH", ("l1", "l2")), ("FLEET_F32_PAIRS", ("0", "1"))])
+def test_the_cpu_tunings_change_speed_only(tmp_path, knob, settings):
+    """Where the matmuls prefetch (L2 and further ahead on Intel, L1 on AMD) and whether f32
+    past 48 rows takes the 6 x 64 blocks (Intel) or the 8 x 32 ones: every result is the same
+    bits either way (each setting in a process of its own: the kernels read it once)."""
     runs = {}
-    for plan in ("l1", "l2"):
-        out = tmp_path / f"{plan}.pt"
-        subprocess.run([sys.executable, "-c", _PREFETCH_RUN, str(out)], check=True, timeout=300,
-                       cwd=Path(__file__).resolve().parents[2], env={**os.environ, "FLEET_PREFETCH": plan})
-        runs[plan] = torch.load(out)
-    assert runs["l1"].keys() == runs["l2"].keys()
-    assert all(torch.equal(runs["l1"][k], runs["l2"][k]) for k in runs["l1"])
+    for value in settings:
+        out = tmp_path / f"{value}.pt"
+        subprocess.run([sys.executable, "-c", _TUNING_RUN, str(out)], check=True, timeout=300,
+                       cwd=Path(__file__).resolve().parents[2], env={**os.environ, knob: value})
+        runs[value] = torch.load(out)
+    a, b = (runs[v] for v in settings)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def _amx_rows() -> int:
