@@ -64,6 +64,7 @@ class CpuKernels:
         self._linear = _fn(lib.fleet_linear, ctypes.c_int, _P, _I64, _I64, _I64, _I64, _P, _P, _P, _P, _P,
                            ctypes.c_int)
         self._linear_supported = _fn(lib.fleet_linear_supported, ctypes.c_int)
+        self._linear_tuning = _fn(lib.fleet_linear_tuning, ctypes.c_int, ctypes.c_int)
         self._w8a8 = _fn(lib.fleet_linear_w8a8, _P, _I64, _I64, _I64, _P, _P, _P, _P, _P, ctypes.c_int)
         self._w8a8_supported = _fn(lib.fleet_linear_w8a8_supported)
 
@@ -175,6 +176,12 @@ class CpuKernels:
     def linear_supported(self, fmt: int) -> bool:
         """Whether the kernel for format ``fmt`` (an index into linear.FORMATS) runs here."""
         return bool(self._linear_supported(fmt))
+
+    def linear_tuning(self, prefetch_far: bool | None, f32_pairs: bool | None) -> dict[str, bool]:
+        """Sets the matmuls' speed tunings where not None (linear.c); returns them as they are then."""
+        code = self._linear_tuning(-2 if prefetch_far is None else int(prefetch_far),
+                                   -2 if f32_pairs is None else int(f32_pairs))
+        return {"prefetch_far": bool(code & 1), "f32_pairs": bool(code & 2)}
 
     def linear(self, x: torch.Tensor, w, bias: torch.Tensor | None, out: torch.Tensor) -> None:
         """out [M, N] = x [M, K] W^T (+ bias) for a checked linear.PackedWeight ``w``."""

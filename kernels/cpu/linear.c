@@ -38,28 +38,35 @@ static int cpu_is_intel(void) {
     return !strcmp(vendor, "GenuineIntel");
 }
 
-/* An override from the environment: 1 / 0 where `name` is `on` / `off`, else `otherwise`. */
-static int env_choice(const char *name, const char *on, const char *off, int otherwise) {
-    const char *v = getenv(name);
-    return v && !strcmp(v, on) ? 1 : v && !strcmp(v, off) ? 0 : otherwise;
-}
+/* The two tunings (linear.h): -1 until first asked, then 0 / 1; fleet_linear_tuning sets them. */
+static int tune_far = -1, tune_pairs = -1;
 
 int fleet_prefetch_far(void) {
-    static int far = -1;   /* a race computes the same answer twice */
-    if (far < 0) far = env_choice("FLEET_PREFETCH", "l2", "l1", cpu_is_intel());
-    return far;
+    if (tune_far < 0) tune_far = cpu_is_intel();   /* a race computes the same answer twice */
+    return tune_far;
 }
 
 #if defined(FLEET_AVX512)
 /* f32 calls past CONTIGUOUS_ROWS in the two-tile blocks (f32_pairs): on Intel CPUs, where they
  * were measured faster; AMD's 8 x 32 blocks ran at 95 % of the FMA rate on Zen 4 (README) and
- * the pairs were not measured there. FLEET_F32_PAIRS=1 / 0 overrides. */
+ * the pairs were not measured there. */
 static int f32_pairs_on(void) {
-    static int on = -1;
-    if (on < 0) on = env_choice("FLEET_F32_PAIRS", "1", "0", cpu_is_intel());
-    return on;
+    if (tune_pairs < 0) tune_pairs = cpu_is_intel();
+    return tune_pairs;
 }
 #endif
+
+/* Sets the tunings (each 0 or 1; -1: this CPU's default; -2: as it is) and returns them as
+ * far + 2 * pairs. For A/B measurements and the tests: both change speed only, not results. */
+int fleet_linear_tuning(int far, int pairs) {
+    if (far > -2) tune_far = far < 0 ? cpu_is_intel() : far;
+    if (pairs > -2) tune_pairs = pairs < 0 ? cpu_is_intel() : pairs;
+#if defined(FLEET_AVX512)
+    return fleet_prefetch_far() + 2 * f32_pairs_on();
+#else
+    return 0;   /* AVX2 prefetches nothing (PF_ON) and has no pairs */
+#endif
+}
 
 /* acc[r] += x[r][k] * w for the block's R rows. */
 AI void fma_rows(const int R, vf acc[RB][2], const float *x, int64_t ldx, int64_t k, const vf *w) {
@@ -420,6 +427,8 @@ int fleet_linear(int fmt, const float *x, int64_t M, int64_t N, int64_t K, int64
 #else   /* no AVX-512 or AVX2: the callers keep their torch path */
 
 int fleet_linear_supported(int fmt) { (void)fmt; return 0; }
+
+int fleet_linear_tuning(int far, int pairs) { (void)far; (void)pairs; return 0; }
 
 int fleet_linear(int fmt, const float *x, int64_t M, int64_t N, int64_t K, int64_t G, const void *data,
                  const float *scales, const float *mins, const float *bias, float *out, int num_threads) {

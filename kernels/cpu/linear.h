@@ -69,7 +69,7 @@ int fleet_linear_amx_split(int fmt, const float *x, int64_t M, int64_t N, int64_
 #endif
 /* Where the prefetches go (linear.c, once per process): 0, into L1, as measured on AMD;
  * 1, into L2 only, and a call of 2 .. RB - 1 rows runs PF_FAR bytes ahead of its own stream
- * too. 1 on Intel CPUs; FLEET_PREFETCH=l1 or l2 overrides. Measured on a 2-core Intel Xeon
+ * too. 1 on Intel CPUs (fleet_linear_tuning sets it: linear.py's `tuning`). Measured on a 2-core Intel Xeon
  * with AMX (`fleet bench linear`, SmolLM2's five shapes summed, l1 vs l2, two runs each):
  * 2-4 rows 0.80-0.88x the time for f32, bf16, int8 and W8A8, int4-g32 at 4 rows 0.44x (3.6 ->
  * 1.6 ms: it had been slower than 8 rows), f32 at 8 rows 0.86x, 1 and 16-32 rows level; the

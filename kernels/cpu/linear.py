@@ -181,6 +181,16 @@ def _library():
     return process_kernels()
 
 
+def tuning(*, prefetch_far: bool | None = None, f32_pairs: bool | None = None) -> dict[str, bool]:
+    """The matmuls' two speed tunings, set where given, as they are afterwards: ``prefetch_far``
+    (prefetch into L2, and calls of 2-7 rows ahead of their own stream) and ``f32_pairs`` (f32
+    past 48 rows in blocks of 6 rows x 64 channels). Both are on by default on Intel CPUs and
+    off on AMD, where they were not measured faster (``linear.c``), and neither changes a
+    result; ``tuning(**previous)`` puts them back. {} where the kernels did not build."""
+    lib = _library()
+    return {} if lib is None else lib.linear_tuning(prefetch_far, f32_pairs)
+
+
 @functools.cache
 def supported(fmt: str) -> bool:
     """The kernels built and this CPU runs ``fmt``'s fast path (AVX-512 F/BW or AVX2 with FMA; "w8a8":

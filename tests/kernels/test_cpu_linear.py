@@ -3,11 +3,6 @@ every format, group size, row count (register blocks and the decoded-tile path) 
 channel count that is not a multiple of the tile must agree with the dequantized weight's
 float64 product to float32 rounding, with and without bias. On a CPU with AMX, bf16 calls of
 many rows round x to bf16 first (linear_amx.c), and the oracle does the same."""
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -83,31 +78,24 @@ def test_f32_rows_of_a_prefill_call_are_the_bits_of_small_calls(n, m):
     assert torch.equal(many[:rows], blocks[:rows])
 
 
-_TUNING_RUN = """
-import sys, torch
-from kernels.cpu import linear as L
-from kernels.quantize import quantize_int4
-gen = torch.Generator().manual_seed(7)
-w = {"f32": L.pack_f32(torch.randn(100, 576, generator=gen)),
-     "int4": L.pack_int4(*quantize_int4(torch.randn(96, 576, generator=gen) * 0.05, 32), 32)}
-x = torch.randn(300, 576, generator=gen)
-torch.save({f"{f}-{m}": L.linear(x[:m], p) for f, p in w.items() for m in (1, 2, 4, 8, 12, 40, 49, 300)}, sys.argv[1])
-"""
-
-
-@pytest.mark.parametrize("knob,settings", [("FLEET_PREFETCH", ("l1", "l2")), ("FLEET_F32_PAIRS", ("0", "1"))])
-def test_the_cpu_tunings_change_speed_only(tmp_path, knob, settings):
+@pytest.mark.parametrize("knob", ["prefetch_far", "f32_pairs"])
+def test_the_cpu_tunings_change_speed_only(knob):
     """Where the matmuls prefetch (L2 and further ahead on Intel, L1 on AMD) and whether f32
     past 48 rows takes the 6 x 64 blocks (Intel) or the 8 x 32 ones: every result is the same
-    bits either way (each setting in a process of its own: the kernels read it once)."""
+    bits either way, and the setting reads back."""
+    gen = torch.Generator().manual_seed(7)
+    w = {"f32": L.pack_f32(torch.randn(100, 576, generator=gen)),
+         "int4": L.pack_int4(*quantize_int4(torch.randn(96, 576, generator=gen) * 0.05, 32), 32)}
+    x = torch.randn(300, 576, generator=gen)
+    previous = L.tuning()
     runs = {}
-    for value in settings:
-        out = tmp_path / f"{value}.pt"
-        subprocess.run([sys.executable, "-c", _TUNING_RUN, str(out)], check=True, timeout=300,
-                       cwd=Path(__file__).resolve().parents[2], env={**os.environ, knob: value})
-        runs[value] = torch.load(out)
-    a, b = (runs[v] for v in settings)
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    try:
+        for value in (False, True):
+            assert L.tuning(**{knob: value})[knob] is (value and bool(previous) and L._library().simd == "avx512")
+            runs[value] = {(f, m): L.linear(x[:m], p) for f, p in w.items() for m in (1, 2, 4, 8, 12, 40, 49, 300)}
+    finally:
+        L.tuning(**previous)
+    assert all(torch.equal(runs[False][k], runs[True][k]) for k in runs[False])
 
 
 def _amx_rows() -> int:
