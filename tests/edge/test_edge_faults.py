@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import signal
+import subprocess
 import time
 
+import pytest
 from fleet_harness import ChannelListener
 from redis_server import wait_until
 
@@ -137,7 +139,10 @@ def test_sigterm_drains_then_hands_back_with_progress(workers, redis_server, r):
         draining.signal(signal.SIGTERM)
         after = fleet.submit(max_tokens=5, **LONG)  # must not be taken by the draining worker
         assert short.result(timeout=30).finish_reason == "length"
-        assert draining.wait(30) == 0
+        try:
+            assert draining.wait(30) == 0
+        except subprocess.TimeoutExpired:   # once in a fresh-clone CI run: keep what it logged
+            pytest.fail(f"the draining worker did not exit within 30 s; its log:\n{draining.output()[-6000:]}")
         progress = len(fleet.get_progress("handed"))
         assert 0 < progress < n
         workers.start()
