@@ -168,12 +168,12 @@ class FakeQuantized:
                 raise ValueError(f"{part!r}: no projection named {', '.join(sorted(unknown))}")
             modules, total = [], 0
             for _, name, child in self.layers:
-                part = own.get(name, default)
-                if part.startswith("w8a8"):
-                    modules.append(FakeW8A8(child, self.stats[child], w8a8_group(part)))
+                own_part = own.get(name, default)
+                if own_part.startswith("w8a8"):
+                    modules.append(FakeW8A8(child, self.stats[child], w8a8_group(own_part)))
                     total += child.weight.numel() + 4 * (child.out_features + child.in_features)
                     continue
-                w_hat, nbytes = fake_quantize(child.weight.detach(), part, self.stats[child])
+                w_hat, nbytes = fake_quantize(child.weight.detach(), own_part, self.stats[child])
                 modules.append(_dense(w_hat, child.bias, child))
                 total += nbytes
             self._cached = (part, modules, total)

@@ -135,6 +135,24 @@ def test_fake_w8a8_matches_the_packed_w8a8_model(tiny_llama_dir):
             fake.apply(bad)
 
 
+def test_a_recipe_after_a_mix_is_its_own_and_not_the_mix_cached(tiny_llama_dir):
+    """The copies are kept for the recipe that made them: a mix whose last projection
+    (``down``) has the next recipe's format must not be handed back for that recipe."""
+    llm = LLM(tiny_llama_dir, kv_cache_memory=8 << 20)
+    model = llm.engine.model
+    fake = FakeQuantized(model, calibration_sequences(llm.tokenizer, model))
+    ids = list(range(200, 230))
+    alone = fake.apply("int4-rtn")
+    alone_logits = forward_logits(model, ids)
+    fake.restore()
+    mixed = fake.apply("int8@down=int4-rtn")
+    fake.restore()
+    again = fake.apply("int4-rtn")
+    assert again == alone and mixed != alone
+    torch.testing.assert_close(forward_logits(model, ids), alone_logits, atol=0, rtol=0)
+    fake.restore()
+
+
 def test_fake_quantized_head_changes_only_the_logits(tiny_llama_dir):
     llm = LLM(tiny_llama_dir, kv_cache_memory=8 << 20)
     model = llm.engine.model
