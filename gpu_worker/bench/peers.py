@@ -49,7 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ggufs", default="F32,Q4_1", help="llama.cpp formats to run: F32, Q8_0, Q4_K_M, Q4_1")
     p.add_argument("--llama-args", default="", help="extra llama-server arguments, e.g. --llama-args=--no-repack "
                    "(a server killed by a signal at load is retried once with --no-repack anyway: on an Intel "
-                   "Xeon with AMX, llama.cpp 0.3.36's Q4_1 weight repacking crashes)")
+                   "Xeon with AMX, llama.cpp 0.3.36's Q4_1 and Q8_0 weight repacking crashes)")
     p.add_argument("--skip", default="", help=f"comma-separated engines to leave out: {', '.join(ENGINES)}")
     p.add_argument("--rounds", type=int, default=1, help="this engine and vLLM loaded side by side, taking "
                    "turns this many times (ABBA); each figure the median of its rounds, with the ratio of "

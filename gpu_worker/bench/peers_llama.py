@@ -4,7 +4,7 @@ token-id prompts (greedy, exactly n_predict tokens, no prompt cache), then stopp
 
 A server killed by a signal while it loads is started once more with ``--no-repack``:
 llama.cpp 0.3.36 (the pinned build) dies with a segmentation fault in its weight repacking
-when it loads a Q4_1 GGUF on an Intel Xeon with AMX (seen on two sessions' machines). The
+when it loads a Q4_1 or Q8_0 GGUF on an Intel Xeon with AMX (seen on two sessions' machines). The
 retry, and why, goes into the run's settings; the crashed attempt's log is kept beside it."""
 from __future__ import annotations
 
