@@ -65,6 +65,7 @@ class CpuKernels:
                            ctypes.c_int)
         self._linear_supported = _fn(lib.fleet_linear_supported, ctypes.c_int)
         self._linear_tuning = _fn(lib.fleet_linear_tuning, ctypes.c_int, ctypes.c_int)
+        self._decode_tuning = _fn(lib.fleet_paged_decode_tuning, ctypes.c_int, ctypes.c_int)
         self._w8a8 = _fn(lib.fleet_linear_w8a8, _P, _I64, _I64, _I64, _P, _P, _P, _P, _P, ctypes.c_int)
         self._w8a8_supported = _fn(lib.fleet_linear_w8a8_supported)
 
@@ -182,6 +183,15 @@ class CpuKernels:
         code = self._linear_tuning(-2 if prefetch_far is None else int(prefetch_far),
                                    -2 if f32_pairs is None else int(f32_pairs))
         return {"prefetch_far": bool(code & 1), "f32_pairs": bool(code & 2)}
+
+    def decode_tuning(self, prefetch_tiles: int | None = None, prefetch_l2: bool | None = None) -> dict:
+        """Sets decode attention's prefetch where not None (paged_decode.c: how many tiles of 16
+        tokens ahead, 0 for none; into L2 or L1); returns it as it is then. Results do not change."""
+        if prefetch_tiles is not None and not 0 <= prefetch_tiles <= 64:
+            raise ValueError("prefetch_tiles must be 0-64")
+        code = self._decode_tuning(-1 if prefetch_tiles is None else prefetch_tiles,
+                                   -1 if prefetch_l2 is None else int(prefetch_l2))
+        return {"prefetch_tiles": code & 0xFF, "prefetch_l2": bool(code >> 8)}
 
     def linear(self, x: torch.Tensor, w, bias: torch.Tensor | None, out: torch.Tensor) -> None:
         """out [M, N] = x [M, K] W^T (+ bias) for a checked linear.PackedWeight ``w``."""

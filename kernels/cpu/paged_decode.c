@@ -19,9 +19,15 @@
  * block's rows in order (12 KiB of K and of V per SmolLM2 block) rather than a third of
  * every row per head: in-process A/B on a 2-core AMD EPYC Zen 4, 64 and 8 sequences of
  * 40-500 tokens over 30 layers of cold caches, 0.84-0.97x the time of one head at a time.
- * It prefetches the K/V rows PF tiles ahead: blocks are scattered, so the hardware
- * prefetchers lose the stream at every block boundary. Other shapes, and machines with
- * neither instruction set, take portable loops.
+ * It prefetches the K/V rows PF tiles ahead, into L2, each row beside the row of the tile
+ * being read (K in the QK loop, V before the P.V loop): blocks are scattered, so the hardware
+ * prefetchers lose the stream at every block boundary. Before 2026-12-04 a tile's whole
+ * prefetch (384 lines for SmolLM2's three KV heads) went out at once, into L1, which holds 32
+ * KiB, less than the 48 KiB two tiles ahead span; in-process A/B on a 2-core AMD EPYC Zen 4,
+ * 30 layers of cold, scattered caches, contexts of 40-500 tokens: 0.69x the time at 64
+ * sequences, 0.81x at 44, 0.71x at 8 (13.5-17 GB/s of K/V against 9.4-14), bits unchanged.
+ * fleet_paged_decode_tuning sets the distance and the cache level (for such A/B runs). Other
+ * shapes, and machines with neither instruction set, take portable loops.
  *
  * Work is split over (sequence, KV-head range) items with OpenMP, on the thread pool torch
  * already runs (the build links the same libgomp soname). Built at first use by
@@ -33,7 +39,10 @@
 #include <string.h>
 
 #define TILE 16
-#define PF 2      /* prefetch distance, in tiles */
+/* Prefetch distance in tiles, and whether into L2 (T1) rather than L1: runtime settings
+ * (fleet_paged_decode_tuning) so that an A/B runs in one process. */
+static int pf_tiles = 2, pf_l2 = 1;
+#define PF pf_tiles
 
 #include "paged.h"
 #include "simd.h"
@@ -43,6 +52,8 @@
 /* The online-softmax state of one KV head's G query heads, in memory: q (times the scale)
  * [G][NV], the accumulators [G][NV], then the running max and sum of each head. */
 #define STATE(G, NV) (2 * (G) * (NV) + 2 * (G))
+#define MAXG 8
+#define MAXNV 8
 #define PASS 4    /* KV heads per pass over a sequence's tiles (the states stay in L1) */
 
 AI void group_start(const float *q, float scale, vf *st, const int G, const int NV) {
@@ -56,15 +67,23 @@ AI void group_start(const float *q, float scale, vf *st, const int G, const int 
     }
 }
 
+AI void prefetch_row(const float *p) {
+    if (pf_l2) _mm_prefetch((const char *)p, _MM_HINT_T1);
+    else _mm_prefetch((const char *)p, _MM_HINT_T0);
+}
+
 /* nt (<= TILE) tokens of one KV head (its K rows at kb, V rows at vb, tok floats apart) into st. */
-AI void group_tile(const float *kb, const float *vb, int64_t tok, int nt, vf *st, const int G, const int NV) {
+AI void group_tile(const float *kb, const float *vb, const float *nk, const float *nv, int64_t tok, int nt, vf *st,
+                   const int G, const int NV) {
     vf *qv = st, *acc = st + G * NV, *m = st + 2 * G * NV, *l = m + G;
-    float p[G][TILE] __attribute__((aligned(64)));
+    float p[MAXG][TILE] __attribute__((aligned(64)));   /* fixed sizes: no stack juggling per row */
     const vm valid = vm_first(nt);
-    vf part[G][TILE];
+    vf part[MAXG][TILE];
     for (int t = 0; t < TILE; t++) {  /* rows past nt are read but masked out */
         const float *kt = kb + (t < nt ? t : 0) * tok;
-        vf kv[NV];
+        vf kv[MAXNV];
+        if (nk)
+            for (int j = 0; j < NV; j++) prefetch_row(nk + t * tok + 16 * j);
         for (int j = 0; j < NV; j++) kv[j] = vf_load(kt + 16 * j);
         for (int h = 0; h < G; h++) {
             vf x = vf_mul(qv[h * NV], kv[0]);
@@ -82,6 +101,9 @@ AI void group_tile(const float *kb, const float *vb, int64_t tok, int nt, vf *st
         vf_store(p[h], e);
         for (int j = 0; j < NV; j++) acc[h * NV + j] = vf_mul(acc[h * NV + j], f);
     }
+    if (nv)
+        for (int t = 0; t < TILE; t++)
+            for (int j = 0; j < NV; j++) prefetch_row(nv + t * tok + 16 * j);
     for (int64_t t = 0; t < nt; t++)
         for (int j = 0; j < NV; j++) {
             const vf v = vf_load(vb + t * tok + 16 * j);
@@ -103,22 +125,19 @@ AI void group_finish(const vf *st, float *out, const int G, const int NV) {
 AI void decode_pass(const float *q, const float *kc, const float *vc, const int64_t *table, int64_t len,
                     int64_t KVH, int64_t bs, float scale, int64_t g0, int64_t g1, float *out, const int G,
                     const int NV) {
-    const int64_t D = 16 * NV, tok = KVH * D, blk = bs * KVH * D, row = (g1 - g0) * D;
+    const int64_t D = 16 * NV, tok = KVH * D, blk = bs * KVH * D;
     vf st[PASS][STATE(G, NV)];
     for (int64_t g = g0; g < g1; g++) group_start(q + g * G * D, scale, st[g - g0], G, NV);
     for (int64_t t0 = 0; t0 < len; t0 += TILE) {
         const int nt = len - t0 < TILE ? (int)(len - t0) : TILE;
         const int64_t base = table[t0 / bs] * blk + (t0 % bs) * tok + g0 * D;
-        if (t0 + PF * TILE < len) {
-            const int64_t nx = table[(t0 + PF * TILE) / bs] * blk + ((t0 + PF * TILE) % bs) * tok + g0 * D;
-            for (int t = 0; t < TILE; t++)
-                for (int64_t o = 0; o < row; o += 16) {
-                    _mm_prefetch((const char *)(kc + nx + t * tok + o), _MM_HINT_T0);
-                    _mm_prefetch((const char *)(vc + nx + t * tok + o), _MM_HINT_T0);
-                }
+        const int64_t nx = PF > 0 && t0 + PF * TILE < len
+            ? table[(t0 + PF * TILE) / bs] * blk + ((t0 + PF * TILE) % bs) * tok + g0 * D : -1;
+        for (int64_t g = g0; g < g1; g++) {
+            const int64_t o = (g - g0) * D;
+            group_tile(kc + base + o, vc + base + o, nx < 0 ? NULL : kc + nx + o, nx < 0 ? NULL : vc + nx + o,
+                       tok, nt, st[g - g0], G, NV);
         }
-        for (int64_t g = g0; g < g1; g++)
-            group_tile(kc + base + (g - g0) * D, vc + base + (g - g0) * D, tok, nt, st[g - g0], G, NV);
     }
     for (int64_t g = g0; g < g1; g++) group_finish(st[g - g0], out + g * G * D, G, NV);
 }
@@ -170,6 +189,12 @@ int fleet_paged_decode_f32(const float *q, int64_t q_stride, const float *k_cach
                               g0 * G, g1 * G, os);
     }
     return OK;
+}
+
+int fleet_paged_decode_tuning(int tiles, int l2) {
+    if (tiles >= 0) pf_tiles = tiles;
+    if (l2 >= 0) pf_l2 = l2;
+    return pf_tiles | pf_l2 << 8;
 }
 
 /* 1 when the vector path serves this shape: what the tests check both paths against. */

@@ -69,6 +69,23 @@ def test_paged_decode_matches_attention_over_the_gathered_context(heads, kv_head
                                rtol=1e-5, atol=2e-6)
 
 
+def test_decode_prefetch_settings_change_speed_only():
+    """How far ahead decode attention prefetches, and into which cache, leaves every output
+    the same bits (the prefetch reads nothing the sums use); the setting reads back."""
+    q, k_cache, v_cache, tables, lens = _case(5, 9, 3, 64, 16, [1, 40, 300, 17, 129], seed=4)
+    previous = kernels.decode_tuning()
+    outs = []
+    try:
+        for tiles, l2 in ((0, False), (1, False), (2, True), (6, True)):
+            assert kernels.decode_tuning(tiles, l2) == {"prefetch_tiles": tiles, "prefetch_l2": l2}
+            outs.append(kernels.paged_decode(q, k_cache, v_cache, tables, lens, 0.125, torch.empty_like(q)))
+    finally:
+        kernels.decode_tuning(**previous)
+    assert all(torch.equal(outs[0], o) for o in outs[1:])
+    with pytest.raises(ValueError, match="0-64"):
+        kernels.decode_tuning(prefetch_tiles=65)
+
+
 def test_the_simd_path_serves_the_common_shapes():
     if kernels.simd is None:
         pytest.skip("neither AVX-512 nor AVX2 here: the portable loops serve every shape")
