@@ -39,10 +39,9 @@
 #include <string.h>
 
 #define TILE 16
-/* Prefetch distance in tiles, and whether into L2 (T1) rather than L1: runtime settings
- * (fleet_paged_decode_tuning) so that an A/B runs in one process. */
+/* Prefetch distance in tiles (PF in the comments), and whether into L2 (T1) rather than L1:
+ * runtime settings (fleet_paged_decode_tuning) so that an A/B runs in one process. */
 static int pf_tiles = 2, pf_l2 = 1;
-#define PF pf_tiles
 
 #include "paged.h"
 #include "simd.h"
@@ -131,8 +130,8 @@ AI void decode_pass(const float *q, const float *kc, const float *vc, const int6
     for (int64_t t0 = 0; t0 < len; t0 += TILE) {
         const int nt = len - t0 < TILE ? (int)(len - t0) : TILE;
         const int64_t base = table[t0 / bs] * blk + (t0 % bs) * tok + g0 * D;
-        const int64_t nx = PF > 0 && t0 + PF * TILE < len
-            ? table[(t0 + PF * TILE) / bs] * blk + ((t0 + PF * TILE) % bs) * tok + g0 * D : -1;
+        const int64_t ahead = t0 + pf_tiles * TILE;
+        const int64_t nx = pf_tiles > 0 && ahead < len ? table[ahead / bs] * blk + (ahead % bs) * tok + g0 * D : -1;
         for (int64_t g = g0; g < g1; g++) {
             const int64_t o = (g - g0) * D;
             group_tile(kc + base + o, vc + base + o, nx < 0 ? NULL : kc + nx + o, nx < 0 ? NULL : vc + nx + o,

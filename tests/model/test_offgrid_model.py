@@ -11,8 +11,8 @@ def test_projections_leave_the_q4_1_grid_by_at_most_half_a_step_and_the_rest_is_
     gen = torch.Generator().manual_seed(0)
     codes = torch.randint(0, 16, (8, 64), generator=gen).float()
     step, low = torch.rand(8, 2, 1, generator=gen) + 0.1, torch.randn(8, 2, 1, generator=gen)
-    codes[:, 0] = 0
-    codes[:, 31] = 15
+    codes[:, 0::32] = 0
+    codes[:, 31::32] = 15
     on_grid = (codes.view(8, 2, 32) * step + low).view(8, 64)    # a Q4_1 weight, each group spanning its grid
     state = {"model.layers.0.self_attn.q_proj.weight": on_grid,
              "model.embed_tokens.weight": torch.randn(10, 64, generator=gen),
