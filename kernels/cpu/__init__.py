@@ -66,7 +66,7 @@ class CpuKernels:
         self._linear_supported = _fn(lib.fleet_linear_supported, ctypes.c_int)
         self._linear_tuning = _fn(lib.fleet_linear_tuning, ctypes.c_int, ctypes.c_int)
         self._decode_tuning = _fn(lib.fleet_paged_decode_tuning, ctypes.c_int, ctypes.c_int)
-        self._w8a8 = _fn(lib.fleet_linear_w8a8, _P, _I64, _I64, _I64, _P, _P, _P, _P, _P, ctypes.c_int)
+        self._w8a8 = _fn(lib.fleet_linear_w8a8, _P, _I64, _I64, _I64, _I64, _P, _P, _P, _P, _P, ctypes.c_int)
         self._w8a8_supported = _fn(lib.fleet_linear_w8a8_supported)
 
     def vectorized(self, heads: int, kv_heads: int, head_dim: int, block_size: int, op: str = "decode") -> bool:
@@ -205,11 +205,11 @@ class CpuKernels:
         return bool(self._w8a8_supported())
 
     def linear_w8a8(self, x: torch.Tensor, w, bias: torch.Tensor | None, out: torch.Tensor) -> None:
-        """out [M, N] = quantize_rows(x) [M, K] W^T (+ bias) for a checked linear.pack_w8a8 weight ``w``."""
-        rc = self._w8a8(x.data_ptr(), x.shape[0], w.n, w.k, w.data.data_ptr(), w.scales.data_ptr(),
+        """out [M, N] = quantize_rows(x, w.group) [M, K] W^T (+ bias) for a checked linear.pack_w8a8 weight ``w``."""
+        rc = self._w8a8(x.data_ptr(), x.shape[0], w.n, w.k, w.group, w.data.data_ptr(), w.scales.data_ptr(),
                         w.mins.data_ptr(), 0 if bias is None else bias.data_ptr(), out.data_ptr(),
                         torch.get_num_threads())
-        _check("linear_w8a8", rc == 0, f"K a multiple of 16 (code {rc})")
+        _check("linear_w8a8", rc == 0, f"K and the group multiples of 16, the group dividing K (code {rc})")
 
 
 def _f32_dense(*tensors: torch.Tensor) -> bool:

@@ -21,7 +21,7 @@
 #define FMT_W8A8 4   /* after linear.c's f32, bf16, int8, int4: the W8A8 kernel (linear_w8a8.c) */
 
 typedef struct {        /* one packed projection (linear.py's PackedWeight) */
-    int64_t fmt, n, k, group;   /* fmt: linear.c's format code, or FMT_W8A8 */
+    int64_t fmt, n, k, group;   /* fmt: linear.c's format code, or FMT_W8A8 (group: x's, K for one scale a row) */
     const void *data;
     const float *scales, *mins, *bias;
     const float *input_scale;   /* [k] or NULL: y = (x / input_scale) W^T (+ bias) */
@@ -49,8 +49,8 @@ int fleet_silu_mul_f32(const float *x, float *out, int64_t n, int64_t inter, int
 int fleet_paged_decode_f32(const float *q, int64_t q_stride, const float *k_cache, const float *v_cache,
                            const int64_t *tables, int64_t table_stride, const int64_t *lens, int64_t n, int64_t H,
                            int64_t KVH, int64_t D, int64_t bs, float scale, float *out, int num_threads);
-int fleet_linear_w8a8(const float *x, int64_t M, int64_t N, int64_t K, const int8_t *codes, const float *scales,
-                      const int32_t *comps, const float *bias, float *out, int num_threads);
+int fleet_linear_w8a8(const float *x, int64_t M, int64_t N, int64_t K, int64_t G, const int8_t *codes,
+                      const float *scales, const int32_t *comps, const float *bias, float *out, int num_threads);
 int fleet_linear(int fmt, const float *x, int64_t M, int64_t N, int64_t K, int64_t G, const void *data,
                  const float *scales, const float *mins, const float *bias, float *out, int num_threads);
 
@@ -71,8 +71,8 @@ static int project(const fleet_weight_t *w, const float *x, int64_t rows, float 
         x = tmp;
     }
     if (w->fmt == FMT_W8A8)
-        return fleet_linear_w8a8(x, rows, w->n, w->k, w->data, w->scales, (const int32_t *)w->mins, w->bias, out,
-                                 threads);
+        return fleet_linear_w8a8(x, rows, w->n, w->k, w->group, w->data, w->scales, (const int32_t *)w->mins,
+                                 w->bias, out, threads);
     return fleet_linear((int)w->fmt, x, rows, w->n, w->k, w->group, w->data, w->scales, w->mins, w->bias, out,
                         threads);
 }

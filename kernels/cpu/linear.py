@@ -12,11 +12,12 @@
 NT = ceil(N / TILE); the padding channels are zero and never written out.
 
 W8A8 (:func:`pack_w8a8`, :func:`linear_w8a8`; AVX512_VNNI, or AVX2's vpmaddubsw) is separate because it changes
-numerics: x is quantized per row to int8 on the fly (:func:`quantize_rows`) and multiplied
-with int8 per-channel codes in integer dot products. Its data is [NT, K // 4, TILE, 4] int8
-(four consecutive k of a channel together), scales [NT, 1, TILE], and ``mins`` holds
-128 x each channel's code sum (int32), which takes the +128 offset of the unsigned
-activations back out (VNNI; the AVX2 kernel keeps x signed and needs no offset: the same sums). The kernels
+numerics: x is quantized to int8 on the fly, with one scale per row or per group of input
+features (:func:`quantize_rows`), and multiplied with int8 per-channel codes in integer dot
+products. Its data is [NT, K // 4, TILE, 4] int8 (four consecutive k of a channel together),
+scales [NT, 1, TILE], ``group`` the activations' (K: one scale a row), and ``mins`` [NT, K //
+group, TILE] holds 128 x each channel's code sum over each group (int32), which takes the
++128 offset of the unsigned activations back out (VNNI; the AVX2 kernel keeps x signed and needs no offset: the same sums). The kernels
 dequantize in registers and accumulate in float32; :func:`reference_linear` (dequantize,
 then ``F.linear``) is their test oracle. The int8/int4 formats are those of
 :mod:`kernels.quantize`.
@@ -116,19 +117,24 @@ def pack_int4(packed: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, gr
                         _tiles(mins.detach().float()))
 
 
-def pack_w8a8(qweight: torch.Tensor, scale: torch.Tensor) -> PackedWeight:
+def pack_w8a8(qweight: torch.Tensor, scale: torch.Tensor, group: int | None = None) -> PackedWeight:
     """quantize_int8's per-channel output (qweight [N, K] int8, scale [N]; K % 16 == 0) for
-    :func:`linear_w8a8`."""
+    :func:`linear_w8a8`, whose input gets one int8 scale per ``group`` input features (None: one
+    per row; else a multiple of 16 dividing K). ``mins`` holds each group's offset share."""
     n, k = _check_weight(qweight, "qweight")
     if qweight.dtype != torch.int8 or scale.shape != (n,) or k % 16:
         raise ValueError(f"W8A8 needs int8 codes [N, K] with K % 16 == 0 and a per-channel scale [N], "
                          f"got {qweight.dtype} {(n, k)} and {tuple(scale.shape)}")
+    group = k if group is None else group
+    if group < 16 or group % 16 or k % group:
+        raise ValueError(f"W8A8's activation group must be a multiple of 16 dividing K = {k}, got {group}")
     if bool((qweight == -128).any()):   # the AVX2 kernel moves x's sign onto the codes
         raise ValueError("W8A8 needs codes in [-127, 127] (quantize_int8's range), got -128")
     tiles = _tiles(qweight.detach())                                    # [NT, K, TILE]
     data = tiles.reshape(-1, k // 4, 4, TILE).transpose(2, 3).contiguous()   # [NT, K // 4, TILE, 4]
-    comps = _tiles((qweight.detach().to(torch.int32).sum(1, keepdim=True) * 128).to(torch.int32))
-    return PackedWeight("w8a8", n, k, k, data, _tiles(scale.detach().float()[:, None]), comps)
+    sums = qweight.detach().to(torch.int32).reshape(n, k // group, group).sum(2)   # [N, K // G]
+    comps = _tiles((sums * 128).to(torch.int32))                                  # [NT, K // G, TILE]
+    return PackedWeight("w8a8", n, k, group, data, _tiles(scale.detach().float()[:, None]), comps)
 
 
 def dequantize(w: PackedWeight) -> torch.Tensor:
@@ -228,11 +234,15 @@ def linear(x: torch.Tensor, w: PackedWeight, bias: torch.Tensor | None = None,
     return out
 
 
-def quantize_rows(x: torch.Tensor) -> torch.Tensor:
-    """x [M, K] -> the float32 values W8A8 multiplies: round(x / s) * s per row, s = max|x| / 127."""
-    amax = x.float().abs().amax(dim=1, keepdim=True)
+def quantize_rows(x: torch.Tensor, group: int | None = None) -> torch.Tensor:
+    """x [M, K] -> the float32 values W8A8 multiplies: round(x / s) * s, s = max|x| / 127 over each
+    row, or over each ``group`` of input features of a row (a divisor of K)."""
+    x = x.float()
+    m, k = x.shape
+    g = x.reshape(m, k // (group or k), group or k)
+    amax = g.abs().amax(dim=2, keepdim=True)
     s = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
-    return torch.round(x.float() / s).clamp_(-127, 127) * s
+    return (torch.round(g / s).clamp_(-127, 127) * s).reshape(m, k)
 
 
 @functools.cache
@@ -243,14 +253,14 @@ def w8a8_supported() -> bool:
 
 
 def reference_w8a8(x: torch.Tensor, w: PackedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """Pure torch W8A8: quantize_rows(x), then F.linear with the dequantized weight."""
-    return F.linear(quantize_rows(x), dequantize(w), None if bias is None else bias.float())
+    """Pure torch W8A8: quantize_rows(x, w.group), then F.linear with the dequantized weight."""
+    return F.linear(quantize_rows(x, w.group), dequantize(w), None if bias is None else bias.float())
 
 
 def linear_w8a8(x: torch.Tensor, w: PackedWeight, bias: torch.Tensor | None = None,
                 out: torch.Tensor | None = None) -> torch.Tensor:
-    """x [M, K] float32 -> [M, N] float32 with x quantized per row to int8 (changes numerics:
-    see :func:`quantize_rows`); :func:`reference_w8a8` where the kernel does not run."""
+    """x [M, K] float32 -> [M, N] float32 with x quantized to int8 per row or per ``w.group``
+    (changes numerics: see :func:`quantize_rows`); :func:`reference_w8a8` where the kernel does not run."""
     if w.fmt != "w8a8":
         raise ValueError(f"linear_w8a8 needs a pack_w8a8 weight, got {w.fmt}")
     _check_call(x, w, bias, out)

@@ -34,8 +34,9 @@ def _cfg(layers: int = 3, bias: bool = True) -> ModelConfig:
 def _packed(w: torch.Tensor, fmt: str, bias, scaled: bool, g: torch.Generator) -> CpuPackedLinear:
     if fmt in ("f32", "bf16"):
         return CpuPackedLinear.dense(w, fmt, bias)
-    if fmt == "w8a8":
-        return CpuPackedLinear(L.pack_w8a8(*quantize_int8(w, None)), bias)
+    if fmt.startswith("w8a8"):   # "w8a8-a32": one activation scale per 32 input features
+        group = int(fmt.partition("-a")[2]) if "-a" in fmt else None
+        return CpuPackedLinear(L.pack_w8a8(*quantize_int8(w, None), group), bias)
     packed = L.pack_int8(*quantize_int8(w, None)) if fmt == "int8" else L.pack_int4(*quantize_int4(w, 16), 16)
     scale = torch.rand(w.shape[1], generator=g) + 0.5 if scaled else None
     return CpuPackedLinear(packed, bias, scale)
@@ -86,10 +87,10 @@ def _both(model, x, residual, positions, plan, caches, start, end):
 
 
 @pytest.mark.parametrize("fmt,scaled", [("f32", False), ("bf16", False), ("int8", False), ("int8", True),
-                                        ("int4", True), ("w8a8", False)])
+                                        ("int4", True), ("w8a8", False), ("w8a8-a32", False)])
 @pytest.mark.parametrize("lens", [[5], [1, 17, 40, 33]])
 def test_fused_layers_are_bitwise_the_per_op_path(fmt, scaled, lens):
-    if fmt == "w8a8" and not L.w8a8_supported():
+    if fmt.startswith("w8a8") and not L.w8a8_supported():
         pytest.skip("no W8A8 kernel (AVX512_VNNI or AVX2)")
     model = _model(fmt, scaled=scaled)
     assert install(model)
