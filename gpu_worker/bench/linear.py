@@ -1,7 +1,8 @@
 """``fleet bench linear``: the CPU matmuls on the model's own projection shapes, side by side
 in one process: torch's ``F.linear``, the oneDNN-packed weight the engine uses for fp32
 (``PackedLinear``), and the C kernels of ``kernels/cpu/linear.c`` over packed f32, bf16,
-int8 (per channel and per group) and int4 weights, and W8A8 (activations quantized on the fly).
+int8 (per channel and per group) and int4 weights, and W8A8 (activations quantized on the fly, one
+scale a row or per 64 / 32 input features).
 
 Each weight is replicated until the copies of one format fill ``--mib`` MiB (more than the
 L3 cache), and the calls cycle over them, so that few-row figures are memory-bound as in a
@@ -34,13 +35,15 @@ FORMATS = {
     "int8g64": lambda w: packed_linear.pack_int8(*quantize_int8(w, 64)),
     "int4g32": lambda w: packed_linear.pack_int4(*quantize_int4(w, 32), 32),
     "w8a8": lambda w: packed_linear.pack_w8a8(*quantize_int8(w)),
+    "w8a8a64": lambda w: packed_linear.pack_w8a8(*quantize_int8(w), 64),   # one x scale per 64 features
+    "w8a8a32": lambda w: packed_linear.pack_w8a8(*quantize_int8(w), 32),
 }
-CALLS = {"w8a8": packed_linear.linear_w8a8}   # the rest: packed_linear.linear
+CALLS = {f: packed_linear.linear_w8a8 for f in FORMATS if f.startswith("w8a8")}   # the rest: packed_linear.linear
 
 
 def _runs_in_c(name: str) -> bool:
     """The C kernel (not the torch reference) serves format ``name`` here."""
-    return packed_linear.supported(name.split("g")[0])
+    return packed_linear.supported("w8a8" if name.startswith("w8a8") else name.split("g")[0])
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

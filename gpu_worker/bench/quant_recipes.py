@@ -17,7 +17,7 @@ aware scales + GPTQ, ``gptq.calibrated_int4``); a plain INT8 part is absmax roun
 to a power of two dividing K, as ``--quantization`` does. A projection part may also be
 ``w8a8`` (``--quantization w8a8``'s smoothed weights, ``smooth.py``, with the input rounded
 to int8 per row as the kernels do) or ``w8a8-a<group>``: the input rounded with one scale per
-group of that many input features instead, a kernel not built yet, measured here first.
+group of that many input features instead (``--quantization w8a8-a<group>``).
 
     python -m gpu_worker.bench.quant_recipes --recipes int8,int8-g32,int8-g32+head-int8-g32
 """
@@ -41,7 +41,7 @@ from gpu_worker.model.quant import gptq
 from gpu_worker.model.quant.calibration import LayerInputs, calibration_sequences, layer_inputs, prefill_hidden
 from gpu_worker.model.quant.int4_fit import fit_int4
 from gpu_worker.model.quant.int8_fit import fit_int8
-from gpu_worker.model.quant.quantize import _projections, int4_group_for
+from gpu_worker.model.quant.quantize import _projections, int4_group_for, parse_method
 from gpu_worker.model.quant.smooth import smoothed_int8
 from kernels.cpu.linear import quantize_rows
 from kernels.quantize import dequantize_int4, dequantize_int8, quantize_int8
@@ -49,7 +49,6 @@ from kernels.quantize import dequantize_int4, dequantize_int8, quantize_int8
 logger = logging.getLogger(__name__)
 
 _PART = re.compile(r"^(int8|int4)(?:-g(\d+))?(?:-(clip|gptq|rtn))?$")
-_W8A8 = re.compile(r"^w8a8(?:-a(\d+))?$")
 
 
 def parse_part(part: str) -> tuple[str, int | None, str]:
@@ -86,34 +85,26 @@ def fake_quantize(w: torch.Tensor, part: str, inputs: LayerInputs | None) -> tup
 
 def w8a8_group(part: str) -> int | None:
     """'w8a8' -> None (one activation scale a row), 'w8a8-a32' -> 32; ValueError for a group
-    that is not a power of two >= 16, or a part that is not W8A8."""
-    m = _W8A8.match(part)
-    if not m:
+    that is not a power of two >= 16, or a part that is not W8A8 (``--quantization``'s rules)."""
+    if "+" in part or not part.startswith("w8a8"):
         raise ValueError(f"not a w8a8 part: {part!r}")
-    group = int(m.group(1)) if m.group(1) else None
-    if group is not None and (group < 16 or group & (group - 1)):
-        raise ValueError(f"{part!r}: the activation group must be a power of two >= 16")
-    return group
+    return parse_method(part).activation_group
 
 
 class FakeW8A8(nn.Module):
     """y = round8(x / s) @ (q * scale)^T (+ b), the input rounded to int8 per row (``group``
-    None: what ``linear_w8a8`` does) or per group of input features."""
+    None) or per group of input features, as ``linear_w8a8`` does; the smoothing searched for
+    that rounding (``smooth.py``)."""
 
     def __init__(self, lin: nn.Module, inputs: LayerInputs, group: int | None) -> None:
         super().__init__()
-        q, scale, self.s, _ = smoothed_int8(lin.weight.detach(), inputs)
-        self.weight, self.bias, self.group = dequantize_int8(q, scale), lin.bias, group
         if group is not None and lin.in_features % group:
             raise ValueError(f"w8a8-a{group}: in_features {lin.in_features} is not a multiple of it")
+        q, scale, self.s, _ = smoothed_int8(lin.weight.detach(), inputs, group)
+        self.weight, self.bias, self.group = dequantize_int8(q, scale), lin.bias, group
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [n, in] -> [n, out]
-        x = x / self.s
-        if self.group is None:
-            return F.linear(quantize_rows(x), self.weight, self.bias)
-        n, k = x.shape
-        return F.linear(quantize_rows(x.reshape(n * k // self.group, self.group)).reshape(n, k),
-                        self.weight, self.bias)
+        return F.linear(quantize_rows(x / self.s, self.group), self.weight, self.bias)
 
 
 def _dense(weight: torch.Tensor, bias: torch.Tensor | None, like: nn.Module | None) -> nn.Module:

@@ -18,10 +18,11 @@ def test_parse_method_and_group_fallback():
     assert parse_method("int4-g32")[:4] == ("int4", 32, None, "int4-g32")
     assert parse_method("int4+head")[:4] == ("int4", 128, ("int8", None), "int4")
     assert parse_method("int8-g32+head-int4-g64").head == ("int4", 64)
-    assert parse_method("w8a8") == ("int8", None, None, "w8a8", "int8")   # int8 weights (smoothed), int8 activations
+    assert parse_method("w8a8") == ("int8", None, None, "w8a8", "int8", None)   # int8 weights (smoothed), int8 activations
     assert parse_method("w8a8+head").head == ("int8", None) and parse_method("int8").activations == "float"
+    assert parse_method("w8a8-a64+head") == ("int8", None, ("int8", None), "w8a8-a64", "int8", 64)
     for bad in ("fp8", "int4-g48", "int8-g8", "", "int8+", "int8+tail", "int8+head-fp8", "int8+head+head",
-                "w8a8-g32", "w8a8+head-int4"):
+                "w8a8-g32", "w8a8+head-int4", "w8a8-a48", "w8a8-a8", "w8a8-a"):
         with pytest.raises(ValueError, match="int8-g<group>|power of two"):
             parse_method(bad)
     assert int4_group_for(576, 128) == 64 and int4_group_for(1536, 128) == 128

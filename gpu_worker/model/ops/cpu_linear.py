@@ -94,7 +94,7 @@ class CpuPackedLinear(nn.Module):
         x = x.float().contiguous()
         if x.shape[0] == 0:
             return x.new_empty(0, self.out_features)
-        if self.packed.fmt == "w8a8":   # x quantized per row to int8 (--quantization w8a8)
+        if self.packed.fmt == "w8a8":   # x quantized to int8 per row or group (--quantization w8a8[-a<G>])
             return packed_linear.linear_w8a8(x, self.packed, self.bias)
         return packed_linear.linear(x, self.packed, self.bias)
 

@@ -56,7 +56,7 @@ def quantize_for_serving(model: nn.Module, spec: str, model_dir: Path | None, to
     if pack is None:
         pack = getattr(getattr(model, "ops", None), "name", None) == "cpu"
     if pack:
-        pack_quantized(model, int8_activations=parsed.activations == "int8")
+        pack_quantized(model, int8_activations=parsed.activations == "int8", activation_group=parsed.activation_group)
     elif parsed.activations == "int8":
         logger.warning("%s: int8 activations are a CPU kernel (the cpu ops backend); serving int8 weights only", spec)
 
@@ -79,8 +79,9 @@ def _calibrated(model: nn.Module, spec: str, model_dir: Path | None, tokenizer, 
         return load_head_input_scale(path)
     t0 = time.perf_counter()
     sequences = calibration_sequences(tokenizer, model)
-    w8a8 = parse_method(spec).activations == "int8"
-    head_scale = head_input_scale(model, sequences) if w8a8 else None    # while the model is float
+    parsed = parse_method(spec)
+    head_scale = (head_input_scale(model, sequences, parsed.activation_group)   # while the model is float
+                  if parsed.activations == "int8" else None)
     quantize_model(model, spec, calibration=sequences)
     logger.info("%s calibrated and quantized in %.1fs", spec, time.perf_counter() - t0)
     if path is not None:

@@ -8,7 +8,7 @@ import argparse
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="model dir or .gguf (default: embedded SmolLM2)")
-    p.add_argument("--quantization", default="int4", help="int4 (default), int4-g<group> or w8a8: the calibrated ones (int8 needs no cache)")
+    p.add_argument("--quantization", default="int4", help="int4 (default), int4-g<group>, w8a8 or w8a8-a<group>: the calibrated ones (int8 needs no cache)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32")
 

@@ -17,6 +17,7 @@ from torch import nn
 
 from kernels.cpu import linear as packed_linear
 from gpu_worker.model.ops.cpu_linear import CpuPackedLinear, kernel_runs
+from gpu_worker.model.quant.groups import activation_group_for
 from gpu_worker.model.quant.quantize import Int4Linear, Int8Linear
 
 logger = logging.getLogger(__name__)
@@ -24,14 +25,16 @@ logger = logging.getLogger(__name__)
 FALLBACK = "keeping dequantize-then-matmul for those layers"
 
 
-def packed_module(q: Int8Linear | Int4Linear, w8a8: bool = False) -> CpuPackedLinear:
+def packed_module(q: Int8Linear | Int4Linear, w8a8: bool = False, activation_group: int | None = None) -> CpuPackedLinear:
     """The packed twin of one canonical quantized module (same codes, scales, bias and input
     scale); with ``w8a8``, an INT8 module that ``pack_w8a8`` takes (per channel, K a multiple
-    of 16) is packed for the W8A8 kernel (activations quantized per row on the fly)."""
+    of 16) is packed for the W8A8 kernel (activations quantized on the fly, one scale a row or
+    per ``activation_group`` input features, :func:`activation_group_for`)."""
     if isinstance(q, Int8Linear):
         if w8a8:
             try:
-                return CpuPackedLinear(packed_linear.pack_w8a8(q.qweight, q.scale), q.bias, q.input_scale)
+                group = activation_group_for(q.qweight.shape[1], activation_group)
+                return CpuPackedLinear(packed_linear.pack_w8a8(q.qweight, q.scale, group), q.bias, q.input_scale)
             except ValueError:   # grouped scales, or K not a multiple of 16: the weight-only kernel
                 pass
         return CpuPackedLinear(packed_linear.pack_int8(q.qweight, q.scale), q.bias, q.input_scale)
@@ -39,11 +42,11 @@ def packed_module(q: Int8Linear | Int4Linear, w8a8: bool = False) -> CpuPackedLi
     return CpuPackedLinear(weight, q.bias, q.input_scale)
 
 
-def pack_quantized(model: nn.Module, int8_activations: bool = False) -> int:
+def pack_quantized(model: nn.Module, int8_activations: bool = False, activation_group: int | None = None) -> int:
     """Swap model's quantized modules for packed ones, in place, where this CPU runs their
-    kernel; with ``int8_activations`` (``--quantization w8a8``), per-channel INT8 ones go to
-    the W8A8 kernel where it runs (AVX512_VNNI, or AVX2), else to the weight-only INT8 one. Returns
-    how many were swapped."""
+    kernel; with ``int8_activations`` (``--quantization w8a8``, ``w8a8-a<activation_group>``),
+    per-channel INT8 ones go to the W8A8 kernel where it runs (AVX512_VNNI, or AVX2), else to
+    the weight-only INT8 one. Returns how many were swapped."""
     targets = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
                if isinstance(child, (Int8Linear, Int4Linear))]
     runs = {fmt: kernel_runs(fmt, FALLBACK) for fmt in {_fmt(c) for _, _, c in targets}}
@@ -53,7 +56,7 @@ def pack_quantized(model: nn.Module, int8_activations: bool = False) -> int:
         if not runs[_fmt(child)]:
             continue
         try:
-            setattr(parent, name, packed_module(child, w8a8))
+            setattr(parent, name, packed_module(child, w8a8, activation_group))
             swapped += 1
         except ValueError as e:   # a shape the tiles do not take (INT4 with one group per row)
             refused.add(str(e))

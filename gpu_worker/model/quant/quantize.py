@@ -42,14 +42,17 @@ from gpu_worker.model.ops.onednn import PackedLinear
 from gpu_worker.model.quant.calibration import LayerInputs, layer_inputs
 from gpu_worker.model.quant.gptq import calibrated_int4
 from gpu_worker.model.quant.int4_fit import fit_int4
+from gpu_worker.model.quant.groups import activation_group_for, int4_group_for  # noqa: F401 - re-exported
 from gpu_worker.model.quant.smooth import head_input_scale, smoothed_int8
 
 logger = logging.getLogger(__name__)
 
 _PART_RE = re.compile(r"^(int8|int4)(?:-g(\d+))?$")
+_W8A8_RE = re.compile(r"^w8a8(?:-a(\d+))?$")
 SPEC_HELP = ("use int8, int8-g<group>, int4 or int4-g<group> (group: a power of two >= 16), optionally followed by "
              "+head (the LM head in int8 per channel too) or +head-<one of those>; or w8a8 (int8 per channel with "
-             "int8 activations on the CPU), optionally +head")
+             "int8 activations on the CPU, one scale a row) or w8a8-a<group> (one activation scale per group of input "
+             "features, a power of two >= 16), optionally +head")
 
 
 class QuantSpec(NamedTuple):
@@ -59,6 +62,7 @@ class QuantSpec(NamedTuple):
     head: tuple[str, int | None] | None = None  # the LM head's (method, group_size); None: it stays float
     layers: str = ""                            # the spec without "+head...": what a checkpoint holds
     activations: str = "float"                  # "int8": W8A8 on the CPU (``w8a8``; the weights are ``int8``'s)
+    activation_group: int | None = None         # W8A8: input features per activation scale; None: one a row
 
 
 def _parse_part(part: str, spec: str) -> tuple[str, int | None]:
@@ -75,13 +79,19 @@ def _parse_part(part: str, spec: str) -> tuple[str, int | None]:
 
 def parse_method(spec: str) -> QuantSpec:
     """'int8' -> ('int8', None, None, 'int8'); 'int4-g64+head' -> ('int4', 64, ('int8', None), 'int4-g64');
-    'int4' has group 128; 'w8a8' -> int8 weights with activations 'int8'; ValueError (saying what is
+    'int4' has group 128; 'w8a8' -> int8 weights with activations 'int8' ('w8a8-a64': activation group 64);
+    ValueError (saying what is
     accepted) for anything else."""
     layers, plus, head = (spec or "").partition("+")
-    if layers == "w8a8":   # int8 per-channel codes whose matmuls quantize x per row (smoothed when calibrated)
+    w8a8 = _W8A8_RE.match(layers)
+    if w8a8:   # int8 per-channel codes whose matmuls quantize x per row or group (smoothed when calibrated)
         if plus and head != "head":
             raise ValueError(f"unknown quantization {spec!r}; {SPEC_HELP}")
-        return QuantSpec("int8", None, ("int8", None) if plus else None, "w8a8", "int8")
+        act_group = int(w8a8.group(1)) if w8a8.group(1) else None
+        if act_group is not None and (act_group < 16 or act_group & (act_group - 1)):
+            raise ValueError(f"quantization {spec!r}: the activation group must be a power of two >= 16, "
+                             f"got {act_group}")
+        return QuantSpec("int8", None, ("int8", None) if plus else None, layers, "int8", act_group)
     method, group = _parse_part(layers, spec)
     if not plus:
         return QuantSpec(method, group, None, layers)
@@ -149,17 +159,6 @@ class Int4Linear(nn.Module):
         return out if self.bias is None else out + self.bias
 
 
-def int4_group_for(in_features: int, group_size: int) -> int:
-    """The group size a layer gets (INT4, and grouped INT8): group_size, or the largest
-    smaller power of two that divides in_features; ValueError when even 16 does not."""
-    g = group_size
-    while g >= 16 and in_features % g:
-        g //= 2
-    if g < 16:
-        raise ValueError(f"in_features {in_features} has no power-of-two group >= 16")
-    return g
-
-
 def empty_quantized(lin: Linear, method: str, group_size: int | None, use_triton: bool,
                     input_scaled: bool = False) -> nn.Module:
     """An uninitialised quantized module of ``lin``'s shape (a checkpoint is loaded into it)."""
@@ -172,17 +171,18 @@ def empty_quantized(lin: Linear, method: str, group_size: int | None, use_triton
 
 
 def _quantize_linear(lin: Linear, method: str, group_size: int | None, use_triton: bool,
-                     inputs: LayerInputs | None = None) -> nn.Module:
+                     inputs: LayerInputs | None = None, act_group: int | None = None) -> nn.Module:
     """Quantized copy of ``lin``. Given calibration ``inputs`` (what the layer received): INT4
     with activation-aware input scales, then GPTQ; per-channel INT8 smoothed for W8A8
-    (``smooth.py``; only W8A8 calibrates INT8). Without: a least-squares fit per group (INT4),
-    absmax rounding (INT8)."""
+    (``smooth.py``, for activations rounded with one scale per ``act_group`` input features, or
+    per row; only W8A8 calibrates INT8). Without: a least-squares fit per group (INT4), absmax
+    rounding (INT8)."""
     weight = lin.weight
     calibrated = inputs is not None and (method == "int4" or group_size is None)
     q = empty_quantized(lin, method, group_size, use_triton, calibrated).to(weight.device)
     with torch.no_grad():
         if method == "int8" and calibrated:
-            q.qweight, q.scale, s, _ = smoothed_int8(weight, inputs)
+            q.qweight, q.scale, s, _ = smoothed_int8(weight, inputs, activation_group_for(lin.in_features, act_group))
             q.input_scale.copy_(s)
         elif method == "int8":
             q.qweight, q.scale = quantize_int8(weight, q.group_size)
@@ -236,13 +236,14 @@ def quantize_model(model: nn.Module, spec: str, *, use_triton: bool | None = Non
     groups: set[int | None] = set()
     stats: dict[nn.Module, LayerInputs] = {}
     smooth_head = calibration and parsed.activations == "int8" and head is not None
-    head_scale = head_input_scale(model, calibration) if smooth_head else None   # on the float model
+    act_group = parsed.activation_group
+    head_scale = head_input_scale(model, calibration, act_group) if smooth_head else None   # on the float model
     if calibration and (method == "int4" or parsed.activations == "int8"):
         targets = {child for _, _, child in _projections(model)}
         stats = layer_inputs(model, calibration, lambda m: m in targets)
 
     def make(lin: Linear) -> nn.Module:
-        q = _quantize_linear(lin, method, group, use_triton, stats.get(lin))
+        q = _quantize_linear(lin, method, group, use_triton, stats.get(lin), act_group)
         groups.add(q.group_size)
         return q
 
