@@ -73,6 +73,9 @@ class DecodeGraphs:
             pool = graph.pool() if pool is None else pool
             self.graphs[b] = graph
         torch.cuda.synchronize()
+        # The graphs read the weights at the addresses they had now: swapping modules later
+        # (quantize_model) would leave them reading freed memory, so that is refused.
+        self.model.decode_graphs_captured = True
         logger.info("captured decode CUDA graphs for batch sizes %s", self.sizes)
 
     def can_run(self, meta) -> bool:

@@ -51,12 +51,11 @@ def _prompts(n: int) -> list[list[int]]:
 
 def _generate(model_dir: str, device: str, ops: str, prompts, max_tokens: int, quantization: str | None = None):
     from gpu_worker import LLM, SamplingParams
-    from gpu_worker.model.quant.quantize import quantize_model
 
+    # Quantized at load, as a served model is: before the decode graphs are captured (they
+    # hold the addresses of the weights they read).
     llm = LLM(model_dir, device=device, ops_backend=ops, kv_cache_memory=32 << 20, block_size=16,
-              max_num_batched_tokens=128)
-    if quantization:
-        quantize_model(llm.engine.model, quantization)
+              max_num_batched_tokens=128, quantization=quantization, quant_cache=False)
     start = time.perf_counter()
     outs = llm.generate(prompts, SamplingParams(temperature=0, ignore_eos=True, max_tokens=max_tokens))
     return llm, [o.token_ids for o in outs], time.perf_counter() - start

@@ -51,6 +51,18 @@ def test_tiny_model_quantized_keeps_greedy_choices_and_saves_memory(tiny_llama_d
     assert quant["total_weight_bytes"] < fp32["total_weight_bytes"]
 
 
+def test_quantizing_after_decode_graphs_were_captured_is_refused(tiny_llama_dir):
+    # On a GPU the engine captures decode graphs at start; a later module swap would leave them
+    # reading freed weight memory (gpu_check's engine run of 2026-12-04 did this: 8% of tokens
+    # agreed). cuda_graphs.DecodeGraphs marks the model when it captures; CPUs capture nothing.
+    llm = LLM(tiny_llama_dir, kv_cache_memory=8 << 20)
+    model = llm.engine.model
+    quantize_model(model, "int8")   # not captured: allowed
+    model.decode_graphs_captured = True
+    with pytest.raises(RuntimeError, match="pass quantization="):
+        quantize_model(model, "int8")
+
+
 @pytest.mark.parametrize("cls, kwargs", [(Int8Linear, {}), (Int8Linear, {"smoothed": True}),
                                          (Int4Linear, {"group_size": 32})])
 def test_triton_and_cpu_forward_paths_agree(cls, kwargs):

@@ -229,7 +229,12 @@ def quantize_model(model: nn.Module, spec: str, *, use_triton: bool | None = Non
     quantize the LM head too if ``spec`` says so (:func:`quantize_head`). ``use_triton``
     defaults to the model's ops backend being ``triton``. ``calibration`` (token sequences,
     e.g. ``calibration.calibration_sequences``) turns on, for INT4, activation-aware input
-    scales and GPTQ, and for W8A8, smoothing scales (``smooth.py``); other specs ignore it."""
+    scales and GPTQ, and for W8A8, smoothing scales (``smooth.py``); other specs ignore it.
+    Refused once decode CUDA graphs are captured on the model (they would go on reading the
+    float weights' freed memory): quantize at load, ``EngineConfig.quantization``."""
+    if getattr(model, "decode_graphs_captured", False):
+        raise RuntimeError("quantize_model after the decode CUDA graphs were captured: the graphs would "
+                           "read the replaced weights' freed memory; pass quantization= when building the engine")
     parsed = parse_method(spec)
     method, group, head = parsed[:3]
     use_triton = uses_triton(model, use_triton)
