@@ -30,3 +30,17 @@ def test_gpu_check_dry_run_writes_sane_json(tmp_path):
             assert row["int8_rel_err_vs_dense"] < 0.02 and row["int4_rel_err_vs_dense"] < 0.2, row
     assert [row["batch"] for row in result["decode"]] == [1, 3]
     assert all(row["logits_finite"] and row["eager_tokens_per_s"] > 0 for row in result["decode"])
+
+
+def test_quant_matmul_sweep_dry_run_checks_every_config(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "ops/bench/quant_matmul_sweep.py"), "--dry-run", "--out", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads((tmp_path / "quant_matmul_sweep.json").read_text())["results"]
+    configs = [r for r in rows if "kind" in r]
+    assert {(r["kind"], r["splits"]) for r in configs} == {("int8", 1), ("int8", 2), ("int4", 1), ("int4", 2)}
+    assert all(r["err"] < 1e-5 for r in configs), configs   # float32 under the interpreter
+    summary = [r for r in rows if "kind" not in r]
+    assert summary and all(r["int8_best"] and r["int4_best"] for r in summary)

@@ -37,6 +37,31 @@ def test_int4_matmul_matches_reference(dtype, atol, rtol, m, n, k, group_size):
     assert_close(out, int4_matmul_ref(x, packed, scales, mins, group_size), atol, rtol)
 
 
+@pytest.mark.parametrize("dtype,atol,rtol", TOLERANCES)
+@pytest.mark.parametrize("splits,block_k", [(2, 64), (3, 32), (5, 64)])
+def test_split_k_matches_reference(dtype, atol, rtol, splits, block_k):
+    """Split-K partial sums (the few-rows path on a GPU), K ranges of uneven length, a K that
+    BLOCK_K does not divide (INT4: groups of 32 over K = 352)."""
+    m, n, k = 3, 40, 352
+    config = {"splits": splits, "block_k": block_k}
+    qweight, scale = quantize_int8(randn(n, k, dtype=torch.float32, seed=7))
+    x = randn(m, k, dtype=dtype, seed=8)
+    assert_close(int8_matmul(x, qweight, scale, config=config), int8_matmul_ref(x, qweight, scale), atol, rtol)
+    packed, scales, mins = quantize_int4(randn(n, k, dtype=torch.float32, seed=9), 32)
+    assert_close(int4_matmul(x, packed, scales, mins, 32, config=config),
+                 int4_matmul_ref(x, packed, scales, mins, 32), atol, rtol)
+
+
+def test_few_rows_split_k_and_many_rows_do_not():
+    from kernels.quant_matmul import _splits
+
+    assert _splits(1, 6144, 4096, 16, 32, 64) == 4          # 192 tiles -> 768 programs
+    assert _splits(1, 4096, 14336, 16, 32, 64) == 8
+    assert _splits(1, 28672, 4096, 16, 32, 64) == 1         # 896 tiles already
+    assert _splits(2048, 4096, 4096, 64, 64, 64) == 1       # prefill
+    assert _splits(1, 70, 128, 16, 32, 64) == 1             # K too short to split
+
+
 def test_quantization_error_is_bounded():
     """Round-to-nearest: each weight is within half a quantization step of the original."""
     w = randn(40, 256, dtype=torch.float32, seed=1)
