@@ -2,12 +2,14 @@
 
 Layouts and formulas are those of kernels/quantize.py. INT8 applies the per-output-channel
 scale once to the float32 accumulator (it factors out of the K sum). INT4 dequantizes each
-byte's two nibbles to x's dtype, against x's even and odd columns, before two dots.
+[BLOCK_K, BLOCK_N] tile to x's dtype before the dot; BLOCK_K divides group_size, so a tile
+needs one scale/min per output column.
 
 With few rows (decode) the output tiles alone are too few programs to keep an H200's SMs
-streaming weights (gpu_check 2026-12-04: 0.6-2.2 TB/s for INT8, 50-290 GB/s for INT4, against
-2.2-3.4 for bf16), so K is split over extra programs whose float32 partial sums are added
-afterwards in a fixed order.
+streaming weights, so K is split over extra programs whose float32 partial sums are added
+afterwards in a fixed order. On the H200 (CUDA-graph replays, one row, the Llama-3-8B
+projections; ops/bench/quant_matmul_sweep.py) that took INT8 from 36 / 55 / 100 us to
+23 / 55 / 35 us (bf16: 23 / 70 / 43) and INT4 from 77 / 225 / 223 to 57 / 225 / 119.
 """
 
 import torch
@@ -26,22 +28,25 @@ def _int8_matmul_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     UPCAST: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    """One [BLOCK_M, BLOCK_N] tile over K range program_id(2) (split-K: out is then that
-    split's float32 slice of a [splits, M, N] buffer the caller sums)."""
+    """One [BLOCK_M, BLOCK_N] tile over the K range of split program_id(2) (one split: all
+    of K into out; several: that split's float32 slice of a [splits, M, N] buffer)."""
+    split = tl.program_id(2)
+    k_lo = split * K_PER_SPLIT
+    k_len = tl.minimum(K_PER_SPLIT, K - k_lo)
+    x_ptr += k_lo
+    w_ptr += k_lo
+    out_ptr += split.to(tl.int64) * M * N
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
-    k_lo = tl.program_id(2) * K_PER_SPLIT
-    k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
-    out_ptr += tl.program_id(2).to(tl.int64) * M * N
     m_mask, n_mask = offs_m < M, offs_n < N
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
+    for k0 in range(0, k_len, BLOCK_K):
         k = k0 + offs_k
         x = tl.load(x_ptr + offs_m[:, None].to(tl.int64) * x_stride + k[None, :],
-                    mask=m_mask[:, None] & (k[None, :] < k_hi), other=0.0)
+                    mask=m_mask[:, None] & (k[None, :] < k_len), other=0.0)
         w = tl.load(w_ptr + offs_n[None, :].to(tl.int64) * K + k[:, None],
-                    mask=n_mask[None, :] & (k[:, None] < k_hi), other=0)  # [BLOCK_K, BLOCK_N] int8
+                    mask=n_mask[None, :] & (k[:, None] < k_len), other=0)  # [BLOCK_K, BLOCK_N] int8
         # Via float32: int8 values are exact in fp16/bf16, and the interpreter cannot cast
         # integers to bfloat16 directly (it reinterprets them as bfloat16's uint16 storage).
         acc += mma(x, w.to(tl.float32).to(x.dtype), UPCAST, PRECISION)
@@ -57,35 +62,32 @@ def _int4_matmul_kernel(
     GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     UPCAST: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    """As the INT8 kernel. Each byte is read once: its low nibbles (even k) meet the even
-    columns of x and its high nibbles (odd k) the odd ones, two dots of BLOCK_K / 2; a group
-    (>= 16, even) never splits a byte, so both nibbles take one scale and minimum."""
-    HALF: tl.constexpr = BLOCK_K // 2
+    """As the INT8 kernel; BLOCK_K divides GROUP_SIZE and K_PER_SPLIT, so a tile takes one
+    scale and minimum per output column and needs no K mask."""
+    split = tl.program_id(2)
+    k_lo = split * K_PER_SPLIT
+    k_len = tl.minimum(K_PER_SPLIT, K - k_lo)
+    x_ptr += k_lo
+    packed_ptr += k_lo // 2
+    out_ptr += split.to(tl.int64) * M * N
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_b = tl.arange(0, HALF)
-    k_lo = tl.program_id(2) * K_PER_SPLIT
-    k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
-    out_ptr += tl.program_id(2).to(tl.int64) * M * N
+    offs_k = tl.arange(0, BLOCK_K)
     m_mask, n_mask = offs_m < M, offs_n < N
     num_groups = K // GROUP_SIZE
+    shifts = (offs_k % 2) * 4  # even k: low nibble, odd k: high nibble
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
-        k_even = k0 + 2 * offs_b      # [HALF]; K is even, so k_even < k_hi covers its odd partner
-        k_mask = k_even < k_hi
-        x_row = x_ptr + offs_m[:, None].to(tl.int64) * x_stride
-        x_lo = tl.load(x_row + k_even[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-        x_hi = tl.load(x_row + k_even[None, :] + 1, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-        tile_mask = n_mask[None, :] & k_mask[:, None]
-        byte = tl.load(packed_ptr + offs_n[None, :].to(tl.int64) * (K // 2) + (k_even // 2)[:, None],
-                       mask=tile_mask, other=0).to(tl.int32)  # [HALF, BLOCK_N]
-        group_offs = offs_n[None, :].to(tl.int64) * num_groups + (k_even // GROUP_SIZE)[:, None]
-        scale = tl.load(scales_ptr + group_offs, mask=tile_mask, other=0.0)
-        minimum = tl.load(mins_ptr + group_offs, mask=tile_mask, other=0.0)
-        w_lo = (byte & 0xF).to(tl.float32) * scale + minimum
-        w_hi = (byte >> 4).to(tl.float32) * scale + minimum
-        acc += mma(x_lo, w_lo.to(x_ptr.dtype.element_ty), UPCAST, PRECISION)
-        acc += mma(x_hi, w_hi.to(x_ptr.dtype.element_ty), UPCAST, PRECISION)
+    for k0 in range(0, k_len, BLOCK_K):
+        k = k0 + offs_k
+        x = tl.load(x_ptr + offs_m[:, None].to(tl.int64) * x_stride + k[None, :], mask=m_mask[:, None], other=0.0)
+        byte = tl.load(packed_ptr + offs_n[None, :].to(tl.int64) * (K // 2) + (k // 2)[:, None],
+                       mask=n_mask[None, :], other=0)  # [BLOCK_K, BLOCK_N], each byte read twice
+        codes = (byte.to(tl.int32) >> shifts[:, None]) & 0xF
+        group_offs = offs_n.to(tl.int64) * num_groups + (k_lo + k0) // GROUP_SIZE
+        scale = tl.load(scales_ptr + group_offs, mask=n_mask, other=0.0)
+        minimum = tl.load(mins_ptr + group_offs, mask=n_mask, other=0.0)
+        w = codes.to(tl.float32) * scale[None, :] + minimum[None, :]
+        acc += mma(x, w.to(x.dtype), UPCAST, PRECISION)
     tl.store(out_ptr + offs_m[:, None].to(tl.int64) * N + offs_n[None, :], acc.to(out_ptr.dtype.element_ty),
              mask=m_mask[:, None] & n_mask[None, :])
 
@@ -107,13 +109,15 @@ def _splits(m: int, n: int, k: int, block_m: int, block_n: int, block_k: int) ->
     return splits
 
 
-def _launch(kernel, m: int, n: int, k: int, x: torch.Tensor, args: tuple, config: dict | None, **constexprs):
+def _launch(kernel, m: int, n: int, k: int, x: torch.Tensor, args: tuple, config: dict | None,
+            max_block_k: int | None = None, **constexprs):
     """Run ``kernel`` over (M tiles, N tiles, K splits); with several splits, into a float32
     [splits, M, N] buffer summed here (deterministic, unlike atomics)."""
     block_m, block_n = _tiles(m, n)
     block_k = BLOCK_K
     if config:
         block_n, block_k = config.get("block_n", block_n), config.get("block_k", block_k)
+    block_k = min(block_k, max_block_k or block_k)
     splits = config["splits"] if config and "splits" in config else _splits(m, n, k, block_m, block_n, block_k)
     per_split = triton.cdiv(triton.cdiv(k, block_k), splits) * block_k
     splits = triton.cdiv(k, per_split)
@@ -165,4 +169,5 @@ def int4_matmul(
                 f"{name} must be contiguous [{n}, {k // group_size}]")
     if m == 0 or n == 0:
         return torch.empty(m, n, dtype=x.dtype, device=x.device)
-    return _launch(_int4_matmul_kernel, m, n, k, x, (x, packed, scales, mins), config, GROUP_SIZE=group_size)
+    return _launch(_int4_matmul_kernel, m, n, k, x, (x, packed, scales, mins), config,
+                   max_block_k=group_size, GROUP_SIZE=group_size)
