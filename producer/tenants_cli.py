@@ -201,18 +201,31 @@ def apply_rule(url: str, client, rule: str) -> list[tuple[str, Exception | None]
     if not connect.is_cluster(client):
         client.execute_command("ACL", "SETUSER", name, *rules)
         return [("the server", None)]
-    done = []
-    for address, info in sorted(client.cluster_nodes().items()):
+    # Each node reached adds the nodes it knows: one that joined a moment ago and is not yet in
+    # every view (gossip) still gets the user.
+    known = _reachable_nodes(client.cluster_nodes())
+    done, visited = [], set()
+    while pending := sorted(set(known) - visited):
+        address = pending[0]
+        visited.add(address)
         host, _, port = address.rpartition(":")
-        role = "master" if "master" in info["flags"].split(",") else "replica"
+        role = "master" if "master" in known[address]["flags"].split(",") else "replica"
         try:
             with redis.Redis.from_url(node_url(url, host, int(port)), socket_timeout=5,
                                       socket_connect_timeout=5) as node:
                 node.execute_command("ACL", "SETUSER", name, *rules)
+                for other, info in _reachable_nodes(node.cluster("nodes")).items():
+                    known.setdefault(other, info)
             done.append((f"{address} ({role})", None))
         except redis.RedisError as exc:
             done.append((f"{address} ({role})", exc))
     return done
+
+
+def _reachable_nodes(view: dict) -> dict:
+    """CLUSTER NODES entries that name an address (not ``noaddr``, not port 0)."""
+    return {address: info for address, info in view.items()
+            if "noaddr" not in info.get("flags", "") and not address.endswith(":0")}
 
 
 def run_acl(args: argparse.Namespace) -> int:

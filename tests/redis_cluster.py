@@ -53,7 +53,8 @@ class RedisCluster:
         return redis.RedisCluster.from_url(self.url)
 
     def wait_healthy(self, timeout: float = 30.0) -> None:
-        """Until every slot is served and every live node agrees the cluster is ok."""
+        """Until every slot is served, every live node agrees the cluster is ok and knows
+        every live node (gossip can lag a join on a loaded machine)."""
         deadline = time.monotonic() + timeout
         live = {n.port for n in self.nodes if n.proc is not None}
         while True:
@@ -69,6 +70,7 @@ class RedisCluster:
                     synced = repl.get("role") == "master" or repl.get("master_link_status") == "up"
                     states.append(synced and info.get("cluster_state") == "ok"
                                   and int(info.get("cluster_slots_ok", 0)) == 16384
+                                  and int(info.get("cluster_known_nodes", 0)) >= len(live)
                                   and owners <= live)
                 except redis.RedisError:
                     states.append(False)
