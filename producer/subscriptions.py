@@ -19,10 +19,12 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from shared import connect
+from shared.tasks import cancel_and_wait
 
 logger = logging.getLogger(__name__)
 
 RECONNECTED = object()
+CLOSE_S = 5.0  # how long a connection's reader gets to end once cancelled
 _TRANSIENT = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError,
               asyncio.TimeoutError)
 _NODE_KWARGS = ("username", "password", "credential_provider", "socket_connect_timeout",
@@ -37,6 +39,7 @@ class _Connection:
         self.pubsub = client.pubsub()
         self.channels: set[str] = set()
         self.reader: asyncio.Task | None = None
+        self.closing = False
 
     async def send(self, kind: str, *channels: str) -> None:
         if kind == "subscribe":
@@ -47,8 +50,8 @@ class _Connection:
             self.reader = asyncio.create_task(self._read())
 
     async def _read(self) -> None:
-        """Deliver messages until cancelled; a failure hands its channels back to the owner."""
-        while True:
+        """Deliver messages until closed; a failure hands its channels back to the owner."""
+        while not self.closing:
             try:
                 message = await self.pubsub.get_message(timeout=1.0)
             except asyncio.CancelledError:
@@ -61,9 +64,8 @@ class _Connection:
                 self.owner._deliver(self, message)
 
     async def close(self) -> None:
-        if self.reader is not None:
-            self.reader.cancel()
-            await asyncio.gather(self.reader, return_exceptions=True)
+        self.closing = True  # the reader ends on it even if its cancellation is lost
+        await cancel_and_wait([self.reader], CLOSE_S, logger)
         try:
             await self.pubsub.aclose()
         finally:

@@ -53,7 +53,7 @@ def _on_cancel_key(state: WorkerState, inf, exists: int) -> None:
 
 
 async def lease_loop(state: WorkerState) -> None:
-    while True:
+    while not state.stopping:
         await asyncio.sleep(state.options.renew_interval_s)
         try:
             await renew_leases(state)
@@ -72,7 +72,7 @@ async def heartbeat_once(state: WorkerState) -> None:
 
 
 async def heartbeat_loop(state: WorkerState) -> None:
-    while True:
+    while not state.stopping:
         try:
             await heartbeat_once(state)
             state.redis.on_ok(wrote=True)
@@ -92,7 +92,7 @@ async def control_loop(state: WorkerState) -> None:
     lease renewal, is what makes cancellation certain; this only makes it quick."""
     backoff = Backoff()
     channel = keys.control_channel(state.options.model_name)
-    while True:
+    while not state.stopping:
         pubsub = state.io.client.pubsub(ignore_subscribe_messages=True)
         try:
             await pubsub.subscribe(channel)

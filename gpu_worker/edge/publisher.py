@@ -60,7 +60,7 @@ class Publisher:
         self.reports.put_nowait(report)
 
     async def run(self) -> None:
-        while True:
+        while not self.state.stopping:
             await self.publish(await self._next_batch())
 
     async def _next_batch(self) -> list[StepReport]:

@@ -9,6 +9,7 @@ from redis.exceptions import NoScriptError, OutOfMemoryError, ResponseError
 
 from gpu_worker.edge import scripts
 from shared import connect, keys
+from shared.tasks import keep_cancellation
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +99,8 @@ class RedisIO:
                                          *script_keys, *args)
                 else:
                     pipe.execute_command(*call)
-            results = await pipe.execute(raise_on_error=False)
+            # (redis-py 8 can return here from a cancelled task: raise it again)
+            results = await keep_cancellation(pipe.execute(raise_on_error=False))
             if attempt == 0 and any(isinstance(r, NoScriptError) for r in results):
                 await self.load_scripts()
                 continue

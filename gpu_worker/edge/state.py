@@ -26,6 +26,9 @@ class WorkerState:
     last_report: StepReport = field(default_factory=StepReport)
     capacity: asyncio.Event = field(default_factory=asyncio.Event)
     draining: bool = False
+    # Set before the worker's tasks are cancelled: every loop also ends on it, so a client
+    # library that swallows a cancellation (redis-py 8.0-8.2 do, README) cannot keep one alive.
+    stopping: bool = False
     num_finished: int = 0
     metrics: WorkerMetrics = field(default_factory=WorkerMetrics)  # ops: metrics
     redis: RedisHealth = field(init=False)

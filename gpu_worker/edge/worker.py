@@ -25,11 +25,20 @@ from gpu_worker.edge.sources import SCRIPTS, Sources
 from gpu_worker.edge.state import WorkerState
 from gpu_worker.metrics import WorkerMetrics  # ops: metrics
 from shared import keys
+from shared.tasks import cancel_and_wait
 
 logger = logging.getLogger(__name__)
 
 
 SLOW_RETRY_S = 5.0  # how often a worker retries what an operator must fix (ACL, memory)
+STOP_TIMEOUT_S = 5.0  # how long the worker's tasks get to end once cancelled
+
+
+async def _stop(tasks: list[asyncio.Task], state: WorkerState) -> None:
+    """Cancel the worker's tasks and wait for them, boundedly (:mod:`shared.tasks`); every
+    loop also ends on ``state.stopping``, so one whose cancellation was swallowed ends too."""
+    state.stopping = True
+    await cancel_and_wait(tasks, STOP_TIMEOUT_S, logger)
 
 
 class EngineFailed(RuntimeError):
@@ -65,7 +74,7 @@ class Worker:
         self.state.metrics.health.serving(self.state)  # ops: readiness
         logger.info("worker %s serving %s", self.options.worker_id,
                     ", ".join(self.sources.by_name) or "no tenant yet")
-        tasks = [asyncio.create_task(coro) for coro in (
+        tasks = [asyncio.create_task(coro, name=coro.__qualname__) for coro in (
             self.publisher.run(), maintenance.lease_loop(self.state),
             maintenance.heartbeat_loop(self.state), maintenance.control_loop(self.state),
             self.state.metrics.health.loop_heartbeat())]  # ops: liveness
@@ -79,9 +88,7 @@ class Worker:
             await self._hand_back_all()
         else:
             await self._drain(intake)
-        for task in tasks + [intake, drain]:
-            task.cancel()
-        await asyncio.gather(*tasks, intake, drain, return_exceptions=True)
+        await _stop(tasks + [intake, drain], self.state)
         await self._close()
         return 0 if error is None else 1
 

@@ -19,11 +19,13 @@ from producer.gateway.batch_store import FILE_TTL_S, Store
 from producer.gateway.errors import GatewayError, invalid
 from producer.gateway.state import Gateway
 from shared import keys
+from shared.tasks import cancel_and_wait
 
 logger = logging.getLogger(__name__)
 LEASE_S = 15.0
 POLL_S = 1.0
 WINDOW = 32  # lines of one batch in flight
+STOP_S = 5.0  # how long the runner's tasks get to end once cancelled
 
 
 class BatchRunner:
@@ -35,6 +37,7 @@ class BatchRunner:
         self._wake = asyncio.Event()
         self._main: asyncio.Task | None = None
         self._store: Store | None = None
+        self._stopping = False
 
     def start(self) -> "BatchRunner":
         self._main = asyncio.get_running_loop().create_task(self._loop())
@@ -46,10 +49,8 @@ class BatchRunner:
     async def stop(self) -> None:
         """Stop running (requests in flight go on in the fleet); leases are given back so
         the next gateway resumes at once."""
-        running = [t for t in (self._main, *self.tasks.values()) if t is not None]
-        for task in running:
-            task.cancel()
-        await asyncio.gather(*running, return_exceptions=True)
+        self._stopping = True  # the scan loop ends on it even if a cancellation is lost
+        await cancel_and_wait([self._main, *self.tasks.values()], STOP_S, logger)
 
     async def store(self) -> Store:
         if self._store is None:
@@ -58,7 +59,7 @@ class BatchRunner:
 
     async def _loop(self) -> None:
         said, said_at = "", 0.0
-        while True:
+        while not self._stopping:
             try:
                 await self._scan()
             except Exception as exc:  # noqa: BLE001 -- Redis away: try again next round
@@ -87,9 +88,10 @@ class BatchRunner:
     async def _run(self, tenant: str, batch_id: str) -> None:
         store = await self.store()
         job = asyncio.current_task()
+        ended = False  # the renewal ends on it even if its cancellation is lost
 
         async def renew() -> None:
-            while True:
+            while not ended and not self._stopping:
                 await asyncio.sleep(LEASE_S / 3)
                 if not await store.lease(tenant, batch_id, self.owner, LEASE_S):
                     logger.warning("lost the lease of batch %s", batch_id)
@@ -104,6 +106,7 @@ class BatchRunner:
         except Exception as exc:  # noqa: BLE001 -- resumed at the next scan
             logger.warning("batch %s stopped: %s: %s", batch_id, type(exc).__name__, exc)
         finally:
+            ended = True
             renewing.cancel()
             try:
                 await asyncio.shield(store.release(tenant, batch_id, self.owner))

@@ -36,7 +36,13 @@ class GatewayProcess:
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.terminate()
-            self.proc.wait(15)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:  # keep what it logged; never leave it running
+                self.proc.kill()
+                self.proc.wait(10)
+                raise AssertionError("the gateway did not exit within 15 s of SIGTERM; its "
+                                     f"log:\n{self.output()[-6000:]}") from None
 
 
 def start_gateway(redis_url: str, log: Path, port: int, *args: str,
