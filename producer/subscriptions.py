@@ -24,7 +24,6 @@ from shared.tasks import cancel_and_wait
 logger = logging.getLogger(__name__)
 
 RECONNECTED = object()
-CLOSE_S = 5.0  # how long a connection's reader gets to end once cancelled
 _TRANSIENT = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError,
               asyncio.TimeoutError)
 _NODE_KWARGS = ("username", "password", "credential_provider", "socket_connect_timeout",
@@ -65,7 +64,7 @@ class _Connection:
 
     async def close(self) -> None:
         self.closing = True  # the reader ends on it even if its cancellation is lost
-        await cancel_and_wait([self.reader], CLOSE_S, logger)
+        await cancel_and_wait([self.reader], logger)
         try:
             await self.pubsub.aclose()
         finally:

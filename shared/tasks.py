@@ -16,6 +16,7 @@ from io import StringIO
 from typing import TypeVar
 
 T = TypeVar("T")
+STOP_S = 5.0  # how long a shutdown waits for cancelled tasks before it leaves them
 
 
 async def keep_cancellation(awaitable: Awaitable[T]) -> T:
@@ -31,8 +32,8 @@ async def keep_cancellation(awaitable: Awaitable[T]) -> T:
     return result
 
 
-async def cancel_and_wait(tasks: Iterable[asyncio.Task], timeout_s: float,
-                          logger: logging.Logger) -> set[asyncio.Task]:
+async def cancel_and_wait(tasks: Iterable[asyncio.Task], logger: logging.Logger,
+                          timeout_s: float = STOP_S) -> set[asyncio.Task]:
     """Cancel ``tasks``; return those not ended within ``timeout_s`` (each logged)."""
     tasks = [t for t in tasks if t is not None]
     for task in tasks:

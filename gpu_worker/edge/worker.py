@@ -31,14 +31,13 @@ logger = logging.getLogger(__name__)
 
 
 SLOW_RETRY_S = 5.0  # how often a worker retries what an operator must fix (ACL, memory)
-STOP_TIMEOUT_S = 5.0  # how long the worker's tasks get to end once cancelled
 
 
 async def _stop(tasks: list[asyncio.Task], state: WorkerState) -> None:
     """Cancel the worker's tasks and wait for them, boundedly (:mod:`shared.tasks`); every
     loop also ends on ``state.stopping``, so one whose cancellation was swallowed ends too."""
     state.stopping = True
-    await cancel_and_wait(tasks, STOP_TIMEOUT_S, logger)
+    await cancel_and_wait(tasks, logger)
 
 
 class EngineFailed(RuntimeError):

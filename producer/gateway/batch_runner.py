@@ -25,7 +25,6 @@ logger = logging.getLogger(__name__)
 LEASE_S = 15.0
 POLL_S = 1.0
 WINDOW = 32  # lines of one batch in flight
-STOP_S = 5.0  # how long the runner's tasks get to end once cancelled
 
 
 class BatchRunner:
@@ -50,7 +49,7 @@ class BatchRunner:
         """Stop running (requests in flight go on in the fleet); leases are given back so
         the next gateway resumes at once."""
         self._stopping = True  # the scan loop ends on it even if a cancellation is lost
-        await cancel_and_wait([self._main, *self.tasks.values()], STOP_S, logger)
+        await cancel_and_wait([self._main, *self.tasks.values()], logger)
 
     async def store(self) -> Store:
         if self._store is None:

@@ -83,7 +83,7 @@ def test_cancel_and_wait_is_bounded_and_names_the_task_left(caplog):
         polite = asyncio.create_task(asyncio.sleep(60), name="polite")
         await asyncio.sleep(0)
         t0 = asyncio.get_running_loop().time()
-        stuck = await cancel_and_wait([deaf, polite, None], 0.3, logging.getLogger("t"))
+        stuck = await cancel_and_wait([deaf, polite, None], logging.getLogger("t"), 0.3)
         took = asyncio.get_running_loop().time() - t0
         assert polite.cancelled()
         stopped.set()
@@ -129,7 +129,7 @@ def test_the_worker_loops_end_on_stopping_even_when_cancellations_are_lost():
                  asyncio.create_task(maintenance.lease_loop(state), name="lease")]
         await asyncio.sleep(0.05)
         state.stopping = True
-        stuck = await cancel_and_wait(tasks, 2.0, logging.getLogger("t"))
+        stuck = await cancel_and_wait(tasks, logging.getLogger("t"), 2.0)
         if stuck:
             state.io.kill = True
             await asyncio.wait(stuck)
