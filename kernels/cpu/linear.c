@@ -8,8 +8,8 @@
  * per block and multiplied into every row with x broadcast from memory. With at most RB
  * rows every weight byte is read once and decoded once. With more rows, a quantized or bf16
  * tile is first decoded into a per-thread float32 buffer of the fp32 layout ([K][32], in
- * L2), which every row block then reads (AVX2: f32 tiles too past HALF_ROWS rows, read
- * half a tile at a time, f32_tile_rows).
+ * L2), which every row block then reads (AVX2: half a tile at a time, f32_tile_rows, from
+ * DECODED_HALF_ROWS rows; f32 tiles are copied there too past HALF_ROWS rows).
  *
  * Numerics: int8 weights are q * scale (per-channel int8 at most RB rows: the codes' sum
  * over k, times the scale once), int4 q * scale + min in one fused multiply-add, bf16 exact;
@@ -199,6 +199,14 @@ static const block_fn blocks[FMT_COUNT][RB + 1] = {TABLE(FMT_F32), TABLE(FMT_BF1
  * halves straight from memory it streamed at a third of the rate. Measured crossover on a
  * 2-core AMD EPYC Zen 3 (3 variants, 3-256 rows): 16. */
 #define HALF_ROWS 16
+/* A decoded tile (bf16, int8, int4) is in the buffer from RB + 1 rows on, and from 5 rows the
+ * halves read it faster than the 3-row blocks do. In-process A/B on a 2-core AMD EPYC Zen 3,
+ * cold weights, SmolLM2's five projection shapes summed (alternating, medians of 7): int8 at
+ * 5 / 6 / 8 / 12 / 16 rows 0.78x / 0.77x / 0.86x / 0.79x / 0.87x the time, int4-g32 0.75x /
+ * 0.71x / 0.92x / 0.79x / 0.87x, bf16 0.80x / 0.71x / 0.92x / 0.80x / 0.92x; at 4 rows int8
+ * 1.12x, int4-g32 1.04x, bf16 level, so 4 rows keep the blocks. The results change only where
+ * a call ends in a lone row (the 3-row path's single row sums in two chains, a half's in one). */
+#define DECODED_HALF_ROWS 5
 
 AI void half_rows(const int R, const float *x, int64_t ldx, const float *w, int64_t K, const float *bias,
                   float *out, int64_t ldo, int cols) {
@@ -406,7 +414,7 @@ int fleet_linear(int fmt, const float *x, int64_t M, int64_t N, int64_t K, int64
             }
             const int cols = N - i * TILE < TILE ? (int)(N - i * TILE) : TILE;
 #if defined(FLEET_AVX2)
-            if (f == FMT_F32 && M > HALF_ROWS) {
+            if (!direct && (fmt == FMT_F32 || M >= DECODED_HALF_ROWS)) {   /* the tile is in the buffer */
                 f32_tile_rows(x, M, K, t.data, bias ? bias + i * TILE : NULL, out + i * TILE, N, cols);
                 continue;
             }

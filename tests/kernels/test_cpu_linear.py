@@ -49,7 +49,7 @@ CASES = [  # (fmt, N, K, group)
 
 
 @pytest.mark.parametrize("fmt,n,k,group", CASES)
-@pytest.mark.parametrize("m", [1, 3, 8, 9, 16, 40, 300])
+@pytest.mark.parametrize("m", [1, 3, 4, 5, 8, 9, 16, 40, 300])
 def test_agrees_with_the_dequantized_product(fmt, n, k, group, m):
     gen = torch.Generator().manual_seed(n * 1000 + k + m)
     w = L.pack_f32(torch.randn(n, k, generator=gen)) if fmt == "f32" else \
@@ -76,6 +76,19 @@ def test_f32_rows_of_a_prefill_call_are_the_bits_of_small_calls(n, m):
     avx512 = {"avx512f", "avx512bw"} <= cpu_flags()
     rows = m if avx512 else m - m % 8   # AVX2's blocks of 3 keep two chains for a lone row
     assert torch.equal(many[:rows], blocks[:rows])
+
+
+@pytest.mark.skipif(L._library() is None or L._library().simd != "avx2", reason="the AVX2 build's decoded-tile halves")
+@pytest.mark.parametrize("fmt,group", [("bf16", None), ("int8", None), ("int8", 64), ("int4", 32)])
+@pytest.mark.parametrize("m", [5, 7, 8, 16])
+def test_avx2_decoded_tiles_of_a_few_rows_are_the_bits_of_a_prefill_call(fmt, group, m):
+    """AVX2: from 5 rows a bf16, int8 or int4 tile is decoded once and read by halves of 16
+    channels in blocks of up to 6 rows (linear.c, DECODED_HALF_ROWS), as in a call of
+    hundreds of rows: every row is one chain of multiply-adds in k order, so the same bits."""
+    gen = torch.Generator().manual_seed(m * 10 + len(fmt))
+    w = _pack(fmt, torch.randn(100, 576, generator=gen) * 0.05, group)
+    x, bias = torch.randn(300, 576, generator=gen), torch.randn(100, generator=gen)
+    assert torch.equal(L.linear(x[:m], w, bias), L.linear(x, w, bias)[:m])
 
 
 @pytest.mark.parametrize("knob", ["prefetch_far", "f32_pairs"])
