@@ -13,7 +13,7 @@ from gpu_worker.model.llama import LlamaForCausalLM
 from gpu_worker.model.loader import load_state_dict
 from gpu_worker.model.ops.backends import select_ops
 from gpu_worker.model.ops.cpu_fused import install as install_fused_decode
-from gpu_worker.model.ops.cpu_linear import CpuPackedLinear, kernel_runs, pack_dense_for_cpu
+from gpu_worker.model.ops.cpu_linear import CpuPackedLinear, kernel_runs, pack_dense_for_cpu, report_instructions
 from gpu_worker.model.ops.onednn import pack_for_cpu, pack_head
 
 logger = logging.getLogger(__name__)
@@ -59,6 +59,7 @@ def build_model(config: EngineConfig, cfg: ModelConfig, model_dir: Path, max_mod
         pack_dense_for_cpu(model, "f32")
     elif config.onednn:
         pack_for_cpu(model)
+    report_instructions(model)    # what computes each packed format here, once in the log
     install_fused_decode(model)   # when every projection is packed for the CPU kernels
     return model
 

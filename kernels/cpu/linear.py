@@ -207,6 +207,29 @@ def supported(fmt: str) -> bool:
     return fmt in FORMATS and lib is not None and lib.linear_supported(FORMATS.index(fmt))
 
 
+_READ = {"f32": "", "bf16": "widened to f32 in registers, ", "int8": "codes decoded in registers, ",
+         "int4": "codes decoded in registers, "}
+
+
+def instructions(fmt: str) -> str:
+    """In words, what computes ``fmt``'s matmuls in this process: the build's vector
+    instructions, the AMX tiles from the row count where they take over, or the torch
+    reference where the kernel does not run. The engine logs it once per format."""
+    lib = _library()
+    if not supported(fmt):
+        return "the torch reference (the C kernel for it did not build or does not run on this CPU)"
+    simd = {"avx512": "AVX-512", "avx2": "AVX2"}[lib.simd]
+    if fmt == "w8a8":
+        if lib.simd == "avx2":
+            return "AVX2 integer dot products (vpmaddubsw; this CPU has no AVX512_VNNI)"
+        amx = ", AMX-INT8 tiles for calls of 32 rows or more" if lib.amx_rows else ""
+        return f"AVX512_VNNI integer dot products (vpdpbusd){amx}"
+    rows = lib.amx_rows if fmt == "bf16" else lib.amx_split_rows.get(fmt, 0)
+    amx = (f"; AMX bf16 tiles from {rows} rows" + (" (x rounded to bf16 there)" if fmt == "bf16"
+                                                   else " (x and w as two bf16 each)")) if rows else ""
+    return f"{_READ[fmt]}{simd} float32 FMAs{amx}"
+
+
 def _check_call(x: torch.Tensor, w: PackedWeight, bias: torch.Tensor | None, out: torch.Tensor | None) -> None:
     """ValueError for inputs the kernels do not take (callers then fall back)."""
     if x.dtype != torch.float32 or x.device.type != "cpu" or x.dim() != 2 or not x.is_contiguous():

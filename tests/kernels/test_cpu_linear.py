@@ -222,3 +222,18 @@ def test_grouped_w8a8_agrees_with_its_reference_and_keeps_quiet_groups_fine(n, k
     for bad in (8, 24, k + 16):                                 # not a multiple of 16, or not dividing K
         with pytest.raises(ValueError, match="activation group"):
             L.pack_w8a8(*quantize_int8(w), bad)
+
+
+def test_instructions_name_what_computes_each_format_here(monkeypatch):
+    """What the engine logs per format: the build's vector instructions (W8A8: VNNI's or AVX2's
+    integer dot product), AMX where it takes over, the torch reference where nothing runs."""
+    lib = L._library()
+    simd = {"avx512": "AVX-512", "avx2": "AVX2"}[lib.simd]
+    for fmt in FMTS:
+        assert f"{simd} float32 FMAs" in L.instructions(fmt)
+    assert ("AMX" in L.instructions("bf16")) == bool(lib.amx_rows)
+    assert ("AMX" in L.instructions("int8")) == bool(lib.amx_split_rows["int8"])
+    if L.w8a8_supported():
+        assert ("vpdpbusd" if lib.simd == "avx512" else "vpmaddubsw") in L.instructions("w8a8")
+    monkeypatch.setattr(L, "supported", lambda fmt: False)
+    assert L.instructions("int8").startswith("the torch reference")

@@ -129,3 +129,13 @@ def test_without_the_kernels_the_dequantizing_path_stays_and_the_log_says_so(tin
     assert "packed int8 weights: the kernel does not run here" in caplog.text
     assert "packed bf16 weights" in caplog.text and "serving float32 weights instead" in caplog.text
     assert caplog.text.count("packed int8 weights") == 1
+
+
+def test_the_log_says_what_computes_each_packed_format(tiny_dir, monkeypatch, caplog):
+    monkeypatch.setattr(cpu_linear, "_reported", set())
+    with caplog.at_level("INFO", logger="gpu_worker.model.ops.cpu_linear"):
+        LLM(tiny_dir, kv_cache_memory=8 << 20, quantization="int8")
+        LLM(tiny_dir, kv_cache_memory=8 << 20, quantization="int8")
+    line = f"CPU matmuls over int8 weights: {packed_linear.instructions('int8')}"
+    assert caplog.text.count(line) == 1                    # once per format and process
+    assert "CPU matmuls over f32 weights" in caplog.text   # the LM head stays float

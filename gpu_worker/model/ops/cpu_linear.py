@@ -23,7 +23,7 @@ from gpu_worker.model.ops.base import Linear
 
 logger = logging.getLogger(__name__)
 
-_reported: set[str] = set()
+_reported: set = set()   # formats (and ("path", format)) already logged
 
 
 def cpu_flags() -> set[str]:
@@ -50,6 +50,18 @@ def kernel_runs(fmt: str, instead: str) -> bool:
         logger.warning("packed %s weights: the kernel does not run here (it needs the C kernels built and %s; "
                        "this CPU has %s); %s", fmt, need, ", ".join(have) or "none of them", instead)
     return False
+
+
+def report_instructions(model: nn.Module) -> list[str]:
+    """Say in the log, once per format and process, what computes the packed projections of
+    ``model`` on this CPU (``kernels.cpu.linear.instructions``: the vector instructions, AMX
+    from some row count, or the torch reference); returns the formats it found."""
+    fmts = sorted({m.packed.fmt for m in model.modules() if isinstance(m, CpuPackedLinear)})
+    for fmt in fmts:
+        if ("path", fmt) not in _reported:
+            _reported.add(("path", fmt))
+            logger.info("CPU matmuls over %s weights: %s", fmt, packed_linear.instructions(fmt))
+    return fmts
 
 
 class CpuPackedLinear(nn.Module):
