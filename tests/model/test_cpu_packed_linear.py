@@ -132,7 +132,7 @@ def test_without_the_kernels_the_dequantizing_path_stays_and_the_log_says_so(tin
 
 
 def test_the_log_says_what_computes_each_packed_format(tiny_dir, monkeypatch, caplog):
-    monkeypatch.setattr(cpu_linear, "_reported", set())
+    monkeypatch.setattr(cpu_linear, "_described", set())
     with caplog.at_level("INFO", logger="gpu_worker.model.ops.cpu_linear"):
         LLM(tiny_dir, kv_cache_memory=8 << 20, quantization="int8")
         LLM(tiny_dir, kv_cache_memory=8 << 20, quantization="int8")

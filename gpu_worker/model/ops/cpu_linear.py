@@ -23,7 +23,8 @@ from gpu_worker.model.ops.base import Linear
 
 logger = logging.getLogger(__name__)
 
-_reported: set = set()   # formats (and ("path", format)) already logged
+_reported: set[str] = set()    # formats whose missing kernel was logged
+_described: set[str] = set()   # formats whose instructions were logged
 
 
 def cpu_flags() -> set[str]:
@@ -58,8 +59,8 @@ def report_instructions(model: nn.Module) -> list[str]:
     from some row count, or the torch reference); returns the formats it found."""
     fmts = sorted({m.packed.fmt for m in model.modules() if isinstance(m, CpuPackedLinear)})
     for fmt in fmts:
-        if ("path", fmt) not in _reported:
-            _reported.add(("path", fmt))
+        if fmt not in _described:
+            _described.add(fmt)
             logger.info("CPU matmuls over %s weights: %s", fmt, packed_linear.instructions(fmt))
     return fmts
 
