@@ -83,7 +83,10 @@ AI void group_tile(const float *kb, const float *vb, const float *nk, const floa
         vf kv[MAXNV];
         if (nk)
             for (int j = 0; j < NV; j++) prefetch_row(nk + t * tok + 16 * j);
-        for (int j = 0; j < NV; j++) kv[j] = vf_load(kt + 16 * j);
+        for (int j = 0; j < NV; j++) {
+            kv[j] = vf_load(kt + 16 * j);
+            VF_IN_REG(kv[j]);
+        }
         for (int h = 0; h < G; h++) {
             vf x = vf_mul(qv[h * NV], kv[0]);
             for (int j = 1; j < NV; j++) x = vf_fmadd(qv[h * NV + j], kv[j], x);
@@ -105,7 +108,8 @@ AI void group_tile(const float *kb, const float *vb, const float *nk, const floa
             for (int j = 0; j < NV; j++) prefetch_row(nv + t * tok + 16 * j);
     for (int64_t t = 0; t < nt; t++)
         for (int j = 0; j < NV; j++) {
-            const vf v = vf_load(vb + t * tok + 16 * j);
+            vf v = vf_load(vb + t * tok + 16 * j);
+            VF_IN_REG(v);
             for (int h = 0; h < G; h++) acc[h * NV + j] = vf_fmadd(vf_set1(p[h][t]), v, acc[h * NV + j]);
         }
 }

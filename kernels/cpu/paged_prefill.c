@@ -13,12 +13,21 @@
  * Row i of a chunk sits at position ctx - rows + i and attends keys 0..that position.
  *
  * A work item is one KV head and up to ROWS / G consecutive positions of one chunk: a
- * block of (position, query head) rows that share every K/V tile. Per key tile of 16
- * tokens the item transposes K once (to [D, 16]), so that a row's 16 scores are one vector
- * of FMAs with no horizontal sums; the online softmax then works on that vector, and P·V
- * adds each tile's V rows into accumulators kept in L1. On the 2-core AMD EPYC measured
- * (float32 matmul peak ~520 GFLOP/s) it ran at 170 GFLOP/s on the benchmark's 64 prompts
- * of 8-384 tokens and 260 on prompts of 1-4k, 1.7-2.4x torch's flash SDPA.
+ * block of (position, query head) rows that share every K/V tile. Keys go in steps of KEYS
+ * (64: four tiles of 16, each inside one block). Per step the item transposes K once (to
+ * [D, 64]), so that QK^T is a small matmul of register blocks (QR rows x 4 key vectors,
+ * no horizontal sums); the online softmax then takes one max, one rescale and one sum per
+ * row per step; P.V adds the step's V rows into accumulators kept in L1. A row block stops
+ * at the last tile any of its rows sees, and the loaded K^T and V vectors are held in
+ * registers (VF_IN_REG: gcc had folded each into every FMA that used it, four loads where
+ * one does). First version (2026-11) on the 2-core AMD EPYC measured (float32 matmul peak
+ * ~520 GFLOP/s): 170 GFLOP/s on the benchmark's 64 prompts of 8-384 tokens and 260 on
+ * prompts of 1-4k, 1.7-2.4x torch's flash SDPA; it took keys 16 at a time. The steps of 64
+ * and the registers, in-process A/B on a 2-core AMD EPYC Zen 4 (family 25 model 17),
+ * SmolLM2's 30 layers of scattered blocks (/tmp harness, alternating, medians of 8): the
+ * throughput benchmark's 64 prompts 0.87-0.88x the time (85 -> 103-108 GFLOP/s), 512 rows
+ * after a cached prefix of 3,584 0.79-0.83x (125 -> 161 GFLOP/s); the AVX2 build of the
+ * same source on that CPU 0.86x / 0.88x. Its results are the AVX-512 build's bits.
  * Shapes the vector path (AVX-512 or AVX2, simd.h) does not take (head_dim other than
  * 16/32/64/96/128, block_size not a multiple of 16, groups over ROWS heads, neither
  * instruction set) run the portable loops of paged.h.
@@ -33,12 +42,46 @@
 
 #define ROWS 64      /* (position, head) rows per work item at most */
 #define DMAX 128
+#define KEYS 64      /* keys per online-softmax step: SUB tiles of 16, each inside one block */
+#define SUB (KEYS / 16)
+_Static_assert(KEYS == 64, "prefill_item's switch over a row block's tiles takes 1-4");
+#if defined(FLEET_AVX512)
+#define QR 4         /* rows per QK register block: QR x SUB accumulators (16 zmm) */
+#else
+#define QR 1         /* AVX2: SUB accumulators of two ymm each */
+#endif
+#define PR 4         /* rows per P.V register block: PR x D / 16 accumulators */
 
 #if defined(FLEET_SIMD)
 
+/* Scores of rows [r0, r0 + QR) against the first NS tiles of the step's keys:
+ * S[r][k] = sum over d of Q[r][d] KT[d][k], d in order (the same sums whatever NS). */
+AI void qk_block(const float (*Q)[DMAX], const float (*KT)[KEYS], float (*S)[KEYS], int64_t r0, const int NS,
+                 const int D) {
+    vf acc[QR][SUB];
+    for (int r = 0; r < QR; r++)
+        for (int s = 0; s < NS; s++) acc[r][s] = vf_zero();
+    for (int d = 0; d < D; d++) {
+        vf k[SUB];
+        for (int s = 0; s < NS; s++) {
+            k[s] = vf_load(KT[d] + 16 * s);
+            VF_IN_REG(k[s]);
+        }
+        for (int r = 0; r < QR; r++) {
+            const vf qd = vf_set1(Q[r0 + r][d]);
+            for (int s = 0; s < NS; s++) acc[r][s] = vf_fmadd(qd, k[s], acc[r][s]);
+        }
+    }
+    for (int r = 0; r < QR; r++)
+        for (int s = 0; s < NS; s++) vf_store(S[r0 + r] + 16 * s, acc[r][s]);
+}
+
 /* Positions [i0, i0 + ni) of one chunk (position of row 0: first), KV head g and its G
  * query heads. kc/vc point at KV head g's first element. NV = D / 16, a constant where
- * prefill_rows instantiates it. */
+ * prefill_rows instantiates it. Keys go in steps of KEYS (SUB tiles of 16, each in one
+ * block): per step K is transposed once, then QK^T, the online softmax (one max and one
+ * rescale per row per step) and P.V each run over register blocks of rows. A row block
+ * stops at the last tile any of its rows sees. */
 static inline __attribute__((always_inline)) void prefill_item(
         const float *q, int64_t q_stride, const float *kc, const float *vc, const int64_t *table,
         int64_t first, int64_t i0, int64_t ni, int64_t g, int64_t G, int64_t tok, int64_t blk, int64_t bs,
@@ -46,7 +89,7 @@ static inline __attribute__((always_inline)) void prefill_item(
     const int D = NV * 16;
     const int64_t R = ni * G, RP = (R + 7) & ~(int64_t)7;
     float Q[ROWS][DMAX] __attribute__((aligned(64))), O[ROWS][DMAX] __attribute__((aligned(64)));
-    float KT[DMAX][16] __attribute__((aligned(64))), P[ROWS][16] __attribute__((aligned(64)));
+    float KT[DMAX][KEYS] __attribute__((aligned(64))), S[ROWS][KEYS] __attribute__((aligned(64)));
     float M[ROWS], L[ROWS], F[ROWS];
     int64_t lim[ROWS];
     for (int64_t r = 0; r < RP; r++) {   /* rows past R repeat the last row; never stored */
@@ -58,59 +101,85 @@ static inline __attribute__((always_inline)) void prefill_item(
         M[r] = -FLT_MAX, L[r] = 0.f, lim[r] = first + i;
     }
     const int64_t last = first + i0 + ni - 1;   /* the latest position: lim of the last rows */
-    for (int64_t t0 = 0; t0 <= last; t0 += 16) {
-        const int64_t base = table[t0 / bs] * blk + (t0 % bs) * tok;  /* the tile lies in one block */
-        const float *kb = kc + base, *vb = vc + base;
-        const int nt = last + 1 - t0 < 16 ? (int)(last + 1 - t0) : 16;   /* keys of the tile some row sees */
-        if (t0 + 16 <= last) {
-            const int64_t nx = table[(t0 + 16) / bs] * blk + ((t0 + 16) % bs) * tok;
-            for (int t = 0; t < 16; t++)
-                for (int j = 0; j < NV; j++) {
-                    _mm_prefetch((const char *)(kc + nx + t * tok + 16 * j), _MM_HINT_T0);
-                    _mm_prefetch((const char *)(vc + nx + t * tok + 16 * j), _MM_HINT_T0);
-                }
-        }
-        /* K rows of the tile past the context hold other data or zeros: read, then masked. */
-        for (int j = 0; j < NV; j++) {
-            vf rows[16];
-            for (int t = 0; t < 16; t++) rows[t] = vf_load(kb + t * tok + 16 * j);
-            vf_transpose16(rows, KT[16 * j], 16);
-        }
-        for (int64_t r0 = 0; r0 < RP; r0 += 8) {
-            vf s[8];
-            for (int r = 0; r < 8; r++) s[r] = vf_zero();
-            for (int d = 0; d < D; d++) {
-                const vf kt = vf_load(KT[d]);
-                for (int r = 0; r < 8; r++) s[r] = vf_fmadd(vf_set1(Q[r0 + r][d]), kt, s[r]);
-            }
-            for (int r = 0; r < 8; r++) {
-                const int64_t rr = r0 + r;
-                /* the row sees keys t0 .. lim: the first `seen` lanes of the tile */
-                const int seen = lim[rr] - t0 + 1 > 16 ? 16 : (int)(lim[rr] - t0 + 1);
-                if (seen <= 0) {  /* every key of the tile is in this row's future */
-                    F[rr] = 1.f;
-                    vf_store(P[rr], vf_zero());
-                    continue;
-                }
-                const vm ok = vm_first(seen);
-                const float mx = fmaxf(M[rr], vf_hmax(vf_keep(ok, s[r], vf_set1(-INFINITY))));
-                const vf e = vf_keep(ok, vf_exp(vf_sub(s[r], vf_set1(mx))), vf_zero());
-                F[rr] = expf(M[rr] - mx);
-                L[rr] = L[rr] * F[rr] + vf_sum(e);
-                M[rr] = mx;
-                vf_store(P[rr], e);
+    for (int64_t t0 = 0; t0 <= last; t0 += KEYS) {
+        const int64_t nt = last + 1 - t0 < KEYS ? last + 1 - t0 : KEYS;   /* keys of the step some row sees */
+        const int ns = (int)((nt + 15) / 16);                             /* their tiles */
+        const float *vb[SUB];
+        for (int s = 0; s < ns; s++) {
+            /* K rows of a tile past the context hold other data or zeros: read, then masked. */
+            const int64_t base = table[(t0 + 16 * s) / bs] * blk + ((t0 + 16 * s) % bs) * tok;
+            const float *kb = kc + base;
+            vb[s] = vc + base;
+            for (int j = 0; j < NV; j++) {
+                vf rows[16];
+                for (int t = 0; t < 16; t++) rows[t] = vf_load(kb + t * tok + 16 * j);
+                vf_transpose16(rows, KT[16 * j] + 16 * s, KEYS);
             }
         }
-        for (int64_t r0 = 0; r0 < RP; r0 += 4) {
-            vf acc[4][NV];
-            for (int r = 0; r < 4; r++)
+        if (t0 + KEYS <= last) {   /* the next step's tiles, into L2 */
+            for (int64_t tn = t0 + KEYS; tn < t0 + 2 * KEYS && tn <= last; tn += 16) {
+                const int64_t nx = table[tn / bs] * blk + (tn % bs) * tok;
+                for (int t = 0; t < 16; t++)
+                    for (int j = 0; j < NV; j++) {
+                        _mm_prefetch((const char *)(kc + nx + t * tok + 16 * j), _MM_HINT_T1);
+                        _mm_prefetch((const char *)(vc + nx + t * tok + 16 * j), _MM_HINT_T1);
+                    }
+            }
+        }
+        for (int64_t r0 = 0; r0 < RP; r0 += QR) {
+            const int64_t top = lim[r0 + QR - 1] - t0 + 1;   /* keys the block's latest row sees */
+            if (top <= 0) continue;
+            const int nb = top >= nt ? ns : (int)((top + 15) / 16);
+            switch (nb) {
+                case 1: qk_block(Q, KT, S, r0, 1, D); break;
+                case 2: qk_block(Q, KT, S, r0, 2, D); break;
+                case 3: qk_block(Q, KT, S, r0, 3, D); break;
+                default: qk_block(Q, KT, S, r0, SUB, D); break;
+            }
+        }
+        for (int64_t r = 0; r < RP; r++) {   /* S[r] becomes P[r]: exp(s - max), 0 past the row's keys */
+            const int64_t seen = lim[r] - t0 + 1 < nt ? lim[r] - t0 + 1 : nt;
+            if (seen <= 0) {   /* every key of the step is in this row's future (its P.V block may not be) */
+                F[r] = 1.f;
+                for (int j = 0; j < SUB; j++) vf_store(S[r] + 16 * j, vf_zero());
+                continue;
+            }
+            const int nr = (int)((seen + 15) / 16);
+            vf s[SUB], mv = vf_set1(-INFINITY);
+            for (int j = 0; j < nr; j++) {
+                s[j] = vf_keep(vm_first((int)(seen - 16 * j)), vf_load(S[r] + 16 * j), vf_set1(-INFINITY));
+                mv = vf_max(mv, s[j]);
+            }
+            const float mx = fmaxf(M[r], vf_hmax(mv));
+            vf sum = vf_zero();
+            for (int j = 0; j < SUB; j++) {
+                const vf e = j < nr ? vf_keep(vm_first((int)(seen - 16 * j)), vf_exp(vf_sub(s[j], vf_set1(mx))),
+                                              vf_zero()) : vf_zero();
+                sum = vf_add(sum, e);
+                vf_store(S[r] + 16 * j, e);
+            }
+            F[r] = expf(M[r] - mx);
+            L[r] = L[r] * F[r] + vf_sum(sum);
+            M[r] = mx;
+        }
+        for (int64_t r0 = 0; r0 < RP; r0 += PR) {
+            int64_t tm = lim[r0 + PR - 1] - t0 + 1;   /* keys the block's latest row sees */
+            if (tm <= 0) continue;                      /* F = 1 and no keys: O unchanged */
+            if (tm > nt) tm = nt;                       /* V rows past the context are never read */
+            vf acc[PR][NV];
+            for (int r = 0; r < PR; r++)
                 for (int j = 0; j < NV; j++) acc[r][j] = vf_mul(vf_load(O[r0 + r] + 16 * j), vf_set1(F[r0 + r]));
-            for (int t = 0; t < nt; t++)    /* V rows past the context are never read */
-                for (int j = 0; j < NV; j++) {
-                    const vf v = vf_load(vb + t * tok + 16 * j);
-                    for (int r = 0; r < 4; r++) acc[r][j] = vf_fmadd(vf_set1(P[r0 + r][t]), v, acc[r][j]);
-                }
-            for (int r = 0; r < 4; r++)
+            for (int s = 0; 16 * s < tm; s++) {
+                const int te = tm - 16 * s < 16 ? (int)(tm - 16 * s) : 16;
+                for (int t = 0; t < te; t++)
+                    for (int j = 0; j < NV; j++) {
+                        vf v = vf_load(vb[s] + t * tok + 16 * j);
+                        VF_IN_REG(v);
+                        for (int r = 0; r < PR; r++)
+                            acc[r][j] = vf_fmadd(vf_set1(S[r0 + r][16 * s + t]), v, acc[r][j]);
+                    }
+            }
+            for (int r = 0; r < PR; r++)
                 for (int j = 0; j < NV; j++) vf_store(O[r0 + r] + 16 * j, acc[r][j]);
         }
     }

@@ -27,6 +27,9 @@
 #if defined(FLEET_AVX512)
 
 typedef __m512 vf;
+/* Keeps a loaded vector in a register: gcc otherwise folds the load into every FMA that
+ * uses it, one load per use. */
+#define VF_IN_REG(x) __asm__("" : "+v"(x))
 AI vf vf_zero(void) { return _mm512_setzero_ps(); }
 AI vf vf_set1(float a) { return _mm512_set1_ps(a); }
 AI vf vf_load(const float *p) { return _mm512_loadu_ps(p); }
@@ -107,6 +110,7 @@ static inline void vf_transpose16(const vf *r, float *t, int64_t t_stride) {
 
 typedef struct { __m256 lo, hi; } vf;
 #define VF2(EXPR_LO, EXPR_HI) ((vf){EXPR_LO, EXPR_HI})
+#define VF_IN_REG(x) __asm__("" : "+x"((x).lo), "+x"((x).hi))
 AI vf vf_zero(void) { return VF2(_mm256_setzero_ps(), _mm256_setzero_ps()); }
 AI vf vf_set1(float a) { return VF2(_mm256_set1_ps(a), _mm256_set1_ps(a)); }
 AI vf vf_load(const float *p) { return VF2(_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)); }

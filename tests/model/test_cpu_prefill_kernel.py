@@ -81,6 +81,28 @@ def test_a_long_prompt_spans_many_work_items():
     torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=2e-6, equal_nan=True)
 
 
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (8, 8, 32), (32, 8, 128)])
+def test_keys_past_a_context_and_blocks_past_a_table_are_never_used(heads, kv_heads, head_dim):
+    """Chunks whose contexts end inside a 64-key step, at its edge and one past it, rows
+    whose own keys end before the step's (beside rows that see more): the K/V slots past
+    each context hold NaN, and every block-table entry past a sequence's last block is an
+    id far outside the cache, which the kernel must never read."""
+    chunks = [(70, 70), (5, 100), (21, 85), (64, 64), (65, 129), (3, 16)]
+    q, k_cache, v_cache, tables, table = _case(chunks, heads, kv_heads, head_dim, 16, seed=2)
+    bs, clean = 16, tables.clone()      # the reference gathers whole table rows
+    for c, (rows, ctx) in enumerate(chunks):
+        last, used = tables[c, (ctx - 1) // bs], -(-ctx // bs)
+        k_cache[last, ctx % bs or bs:] = float("nan")
+        v_cache[last, ctx % bs or bs:] = float("nan")
+        tables[c, used:] = 1 << 40
+    out = torch.full(q.shape, float("nan"))
+    kernels.paged_prefill(q, k_cache, v_cache, tables, table, head_dim ** -0.5, out)
+    want = _reference(q, k_cache, v_cache, clean, table, head_dim ** -0.5,
+                      torch.full(q.shape, float("nan"), dtype=torch.float64))
+    torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=2e-6, equal_nan=True)
+    assert not out[2:2 + sum(r for r, _ in chunks)].isnan().any()
+
+
 def test_the_simd_path_serves_the_common_shapes():
     if kernels.simd is None:
         pytest.skip("neither AVX-512 nor AVX2 here: the portable loops serve every shape")
