@@ -51,6 +51,8 @@ class CpuKernels:
         # int8/int4 matmuls of this many rows or more run there too, x and w as bf16 hi + lo; 0: none.
         split_rows = _fn(lib.fleet_amx_split_rows, ctypes.c_int)
         self.amx_split_rows = {f: split_rows(_LINEAR_FORMATS[f]) for f in ("int8", "int4")}
+        # W8A8 calls of this many rows or more, x with one scale a row, run on AMX-INT8 tiles; 0: none.
+        self.amx_w8a8_rows = _fn(lib.fleet_amx_w8a8_rows)()
         self._decode = _fn(lib.fleet_paged_decode_f32, _P, _I64, _P, _P, _P, _I64, _P, _I64, _I64, _I64, _I64,
                            _I64, ctypes.c_float, _P, ctypes.c_int)
         self._add_rms_norm = _fn(lib.fleet_add_rms_norm_f32, _P, _P, _P, _P, _I64, _I64, ctypes.c_float, ctypes.c_int)

@@ -222,7 +222,8 @@ def instructions(fmt: str) -> str:
     if fmt == "w8a8":
         if lib.simd == "avx2":
             return "AVX2 integer dot products (vpmaddubsw; this CPU has no AVX512_VNNI)"
-        amx = ", AMX-INT8 tiles for calls of 32 rows or more" if lib.amx_rows else ""
+        amx = (f", AMX-INT8 tiles for calls of {lib.amx_w8a8_rows} rows or more with one x scale a row"
+               if lib.amx_w8a8_rows else "")
         return f"AVX512_VNNI integer dot products (vpdpbusd){amx}"
     rows = lib.amx_rows if fmt == "bf16" else lib.amx_split_rows.get(fmt, 0)
     amx = (f"; AMX bf16 tiles from {rows} rows" + (" (x rounded to bf16 there)" if fmt == "bf16"

@@ -290,6 +290,8 @@ int fleet_amx_split_rows(int fmt) {
     return !fleet_amx_ready() ? 0 : fmt == FMT_INT4 ? AMX_SPLIT_ROWS_INT4 : fmt == FMT_INT8 ? AMX_SPLIT_ROWS : 0;
 }
 
+int fleet_amx_w8a8_rows(void) { return fleet_amx_ready() ? AMX_W8A8_ROWS : 0; }
+
 /* int8 / int4 (fleet_linear's formats and arguments) with x and w split into bf16 hi + lo. */
 int fleet_linear_amx_split(int fmt, const float *x, int64_t M, int64_t N, int64_t K, int64_t G, const void *data,
                            const float *scales, const float *mins, const float *bias, float *out, int num_threads) {
@@ -405,6 +407,7 @@ int fleet_w8a8_amx(const uint8_t *xu, const float *xs, int64_t M, int64_t N, int
 int fleet_amx_ready(void) { return 0; }
 int fleet_amx_rows(void) { return 0; }
 int fleet_amx_split_rows(int fmt) { (void)fmt; return 0; }
+int fleet_amx_w8a8_rows(void) { return 0; }
 
 int fleet_linear_amx_split(int fmt, const float *x, int64_t M, int64_t N, int64_t K, int64_t G, const void *data,
                            const float *scales, const float *mins, const float *bias, float *out, int num_threads) {

@@ -235,5 +235,9 @@ def test_instructions_name_what_computes_each_format_here(monkeypatch):
     assert ("AMX" in L.instructions("int8")) == bool(lib.amx_split_rows["int8"])
     if L.w8a8_supported():
         assert ("vpdpbusd" if lib.simd == "avx512" else "vpmaddubsw") in L.instructions("w8a8")
+        assert ("AMX" in L.instructions("w8a8")) == bool(lib.amx_w8a8_rows)
+        if lib.amx_w8a8_rows:   # the row count comes from the library (linear.h's AMX_W8A8_ROWS), not a copy
+            assert f"{lib.amx_w8a8_rows} rows or more" in L.instructions("w8a8")
+    assert (lib.amx_w8a8_rows > 0) == (lib.amx_rows > 0)   # both need the AMX tiles
     monkeypatch.setattr(L, "supported", lambda fmt: False)
     assert L.instructions("int8").startswith("the torch reference")
