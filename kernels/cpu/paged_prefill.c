@@ -78,10 +78,7 @@ AI void qk_block(const float (*Q)[DMAX], const float (*KT)[KEYS], float (*S)[KEY
 
 /* Positions [i0, i0 + ni) of one chunk (position of row 0: first), KV head g and its G
  * query heads. kc/vc point at KV head g's first element. NV = D / 16, a constant where
- * prefill_rows instantiates it. Keys go in steps of KEYS (SUB tiles of 16, each in one
- * block): per step K is transposed once, then QK^T, the online softmax (one max and one
- * rescale per row per step) and P.V each run over register blocks of rows. A row block
- * stops at the last tile any of its rows sees. */
+ * prefill_rows instantiates it. The steps of KEYS keys: the file's header. */
 static inline __attribute__((always_inline)) void prefill_item(
         const float *q, int64_t q_stride, const float *kc, const float *vc, const int64_t *table,
         int64_t first, int64_t i0, int64_t ni, int64_t g, int64_t G, int64_t tok, int64_t blk, int64_t bs,
