@@ -19,7 +19,7 @@ from gpu_worker.model.config import ModelConfig
 from gpu_worker.model.llama import KVCache, LlamaForCausalLM
 from gpu_worker.outputs import TokenLogprob
 from gpu_worker.rejection_sampler import verify_drafts
-from gpu_worker.sampler import Sampler, SamplingRow
+from gpu_worker.sampler import Sampler, SamplingRow, argmax_only
 from gpu_worker.scheduler import ScheduledRequest, SchedulerOutput
 
 if TYPE_CHECKING:
@@ -85,9 +85,24 @@ class ModelRunner:
             if self.observe is not None:
                 self.observe(batch.input_ids, batch.positions, plan)
         if batch.logits_rows:
-            logits = self.model.compute_logits(hidden.index_select(0, batch.logits_index)).cpu()
-            self.sample(batch, logits, out)
+            hidden = hidden.index_select(0, batch.logits_index)
+            if not self.sample_greedy(batch, hidden, out):
+                self.sample(batch, self.model.compute_logits(hidden).cpu(), out)
         return out
+
+    def sample_greedy(self, batch: _Batch, hidden: torch.Tensor, out: RunnerOutput) -> bool:
+        """When every row of the batch takes the argmax of its raw logits (``argmax_only``, no
+        drafts to verify) and the model's greedy head decides them (``greedy_tokens``: the
+        same tokens without the full logits), their tokens into ``out``. Whether it did."""
+        if getattr(self.model, "greedy_head", None) is None or not all(
+                n == 1 and argmax_only(s.request.params, s.request.grammar) for s, _, n in batch.logits_rows):
+            return False
+        tokens = self.model.greedy_tokens(hidden)
+        if tokens is None:
+            return False
+        for (s, _, _), token in zip(batch.logits_rows, tokens):
+            out.sampled[s.request.request_id] = [token]
+        return True
 
     def prepare(self, sched: SchedulerOutput) -> _Batch:
         """Flat batch tensors and attention metadata for one step."""

@@ -103,6 +103,13 @@ class Sampler:
         return out
 
 
+def argmax_only(params: SamplingParams, grammar: object | None) -> bool:
+    """A row whose token is the argmax of its raw logits, and that needs nothing else of them:
+    greedy, no penalties, no min_tokens, no logprobs, no grammar."""
+    return (params.greedy and not params.needs_penalties and params.min_tokens == 0 and params.logprobs is None
+            and grammar is None)
+
+
 def argmax_rows(x: torch.Tensor) -> list[int]:
     """The index of each row's largest value (the first of ties; NaN counts as largest, as in
     torch). x: [n, vocab]. On the CPU through NumPy, whose argmax is vectorized: 10x faster

@@ -13,7 +13,8 @@ from gpu_worker.model.llama import LlamaForCausalLM
 from gpu_worker.model.loader import load_state_dict
 from gpu_worker.model.ops.backends import select_ops
 from gpu_worker.model.ops.cpu_fused import install as install_fused_decode
-from gpu_worker.model.ops.cpu_linear import CpuPackedLinear, kernel_runs, pack_dense_for_cpu, report_instructions
+from gpu_worker.model.ops.cpu_linear import (CpuPackedLinear, install_greedy_head, kernel_runs, pack_dense_for_cpu,
+                                             report_instructions)
 from gpu_worker.model.ops.onednn import pack_for_cpu, pack_head
 
 logger = logging.getLogger(__name__)
@@ -40,7 +41,8 @@ def build_model(config: EngineConfig, cfg: ModelConfig, model_dir: Path, max_mod
     on a CPU with AMX, bf16 matmuls of 16 rows or more round their input to bf16 for the tile
     unit, ``kernels/cpu/linear_amx.c``).
     float32 weights are packed as f32 tiles for the same kernels. Elsewhere the model is
-    cast to ``dtype`` whole, and oneDNN packs fp32/bf16 projections."""
+    cast to ``dtype`` whole, and oneDNN packs fp32/bf16 projections. A head packed as f32
+    tiles gets the greedy screen (``config.greedy_screen``; ``kernels/cpu/greedy_head.py``)."""
     device = torch.device(config.device)
     ops = select_ops(device, config.ops_backend, cpu_kernels=config.cpu_kernels)
     model = LlamaForCausalLM(cfg, ops, max_positions=max_model_len)
@@ -61,6 +63,8 @@ def build_model(config: EngineConfig, cfg: ModelConfig, model_dir: Path, max_mod
         pack_for_cpu(model)
     report_instructions(model)    # what computes each packed format here, once in the log
     install_fused_decode(model)   # when every projection is packed for the CPU kernels
+    if config.greedy_screen:
+        install_greedy_head(model)   # when the LM head is packed f32 tiles and the CPU has AVX512_BF16
     return model
 
 

@@ -70,6 +70,7 @@ class LlamaForCausalLM(nn.Module):
                         else nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size), requires_grad=False))
         self.packed_head: nn.Module | None = None   # lm_head prepacked for oneDNN (model/ops/onednn.py)
         self.fused_decode = None   # all-decode steps in one C call, when installed (model/ops/cpu_fused.py)
+        self.greedy_head = None    # greedy tokens without the full logits, when installed (ops/cpu_linear.py)
         n_pos = min(max_positions or cfg.max_position_embeddings, cfg.max_position_embeddings)
         freqs = torch.arange(n_pos, dtype=torch.float32)[:, None] * cfg.inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
@@ -105,6 +106,12 @@ class LlamaForCausalLM(nn.Module):
         if self.packed_head is not None:
             return self.packed_head(hidden).float()
         return F.linear(hidden, self.lm_head).float()
+
+    @torch.inference_mode()
+    def greedy_tokens(self, hidden: torch.Tensor) -> list[int] | None:
+        """Each row's argmax of ``compute_logits(hidden)`` (the first of ties), where the greedy
+        head (``kernels/cpu/greedy_head.py``) decides it without the full logits; else None."""
+        return None if self.greedy_head is None else self.greedy_head.argmax(hidden)
 
     def load_hf_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         """Copy Hugging Face-named weights in, fusing q/k/v and gate/up."""

@@ -29,7 +29,7 @@ import torch
 logger = logging.getLogger(__name__)
 
 SOURCES = ("paged_decode.c", "paged_prefill.c", "glue.c", "linear.c", "linear_amx.c", "linear_w8a8.c",
-           "decode_layers.c")
+           "decode_layers.c", "greedy_head.c")
 HEADERS = ("simd.h", "paged.h", "linear.h", "tile_decode.h")
 # -ffp-contract=off: no fused multiply-adds beyond the ones the kernels ask for, so the glue
 # rounds as torch does (glue.c).
@@ -70,6 +70,11 @@ class CpuKernels:
         self._decode_tuning = _fn(lib.fleet_paged_decode_tuning, ctypes.c_int, ctypes.c_int)
         self._w8a8 = _fn(lib.fleet_linear_w8a8, _P, _I64, _I64, _I64, _I64, _P, _P, _P, _P, _P, ctypes.c_int)
         self._w8a8_supported = _fn(lib.fleet_linear_w8a8_supported)
+        # The LM head's bf16 screen (greedy_head.c; kernels.cpu.greedy_head): AVX512_BF16 only.
+        self.bf16dot = bool(_fn(lib.fleet_bf16dot_supported)())
+        self._bf16dot = _fn(lib.fleet_bf16dot, _P, _I64, _I64, _I64, _P, _P, _P, ctypes.c_int)
+        self._candidates = _fn(lib.fleet_head_candidates, _P, _I64, _I64, _P, _P, ctypes.c_float, ctypes.c_double,
+                               _I64, _P, _P, ctypes.c_int)
 
     def vectorized(self, heads: int, kv_heads: int, head_dim: int, block_size: int, op: str = "decode") -> bool:
         """Whether the SIMD path (rather than the portable loops) of ``op`` ("decode" or
@@ -212,6 +217,22 @@ class CpuKernels:
                         w.mins.data_ptr(), 0 if bias is None else bias.data_ptr(), out.data_ptr(),
                         torch.get_num_threads())
         _check("linear_w8a8", rc == 0, f"K and the group multiples of 16, the group dividing K (code {rc})")
+
+    # -- the LM head's bf16 screen (greedy_head.c; the API and the checks: greedy_head.py) --
+    def bf16_dot(self, x: torch.Tensor, w: torch.Tensor, n: int, xpairs: torch.Tensor, out: torch.Tensor) -> None:
+        """out [M, n] = bf16(x) [M, K] . w, w packed by greedy_head.pack_pairs; checked by the caller."""
+        rc = self._bf16dot(x.data_ptr(), x.shape[0], n, x.shape[1], w.data_ptr(), xpairs.data_ptr(), out.data_ptr(),
+                           torch.get_num_threads())
+        _check("bf16_dot", rc == 0, f"AVX512_BF16 and an even K (code {rc})")
+
+    def head_candidates(self, approx: torch.Tensor, xnorm: torch.Tensor, wnorm: torch.Tensor, wmax: float,
+                        c: float, idx: torch.Tensor, count: torch.Tensor) -> bool:
+        """Each row's candidates into idx [M, cap] / count [M] (greedy_head.c); False when a row
+        has more than cap of them or a value that is not finite."""
+        rc = self._candidates(approx.data_ptr(), approx.shape[0], approx.shape[1], xnorm.data_ptr(), wnorm.data_ptr(),
+                              wmax, c, idx.shape[1], idx.data_ptr(), count.data_ptr(), torch.get_num_threads())
+        _check("head_candidates", rc >= 0, "AVX512_BF16")
+        return rc == 0
 
 
 def _f32_dense(*tensors: torch.Tensor) -> bool:

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from kernels.cpu import greedy_head
 from kernels.cpu import linear as packed_linear
 from gpu_worker.model.ops.base import Linear
 
@@ -138,3 +139,22 @@ def pack_dense_for_cpu(model: nn.Module, fmt: str) -> int:
     logger.info("%d linear layers%s packed as %s for the CPU kernels", len(targets),
                 " and the LM head" if getattr(model, "packed_head", None) is not None else "", fmt)
     return len(targets)
+
+
+def install_greedy_head(model: nn.Module) -> bool:
+    """Give a model whose LM head is packed f32 tiles a :class:`kernels.cpu.greedy_head.GreedyHead`
+    (``model.greedy_head``: greedy rows' tokens from a bf16 screen and an exact recompute of
+    the few candidates, the same tokens as the full head) where the CPU has AVX512_BF16; the
+    log says which. Returns whether it did."""
+    head, packed = getattr(model, "lm_head", None), getattr(model, "packed_head", None)
+    if not isinstance(packed, CpuPackedLinear) or packed.fmt != "f32" or packed.bias is not None \
+            or not isinstance(head, torch.Tensor) or head.dtype != torch.float32 or head.shape[1] % 2:
+        return False
+    if not greedy_head.available():
+        logger.info("greedy rows compute the whole fp32 LM head: the bf16 screen needs AVX512_BF16, "
+                    "which this CPU lacks")
+        return False
+    model.greedy_head = greedy_head.GreedyHead(head, packed.packed)
+    logger.info("greedy rows take their token from a bf16 screen of the LM head (AVX512_BF16) and "
+                "the exact fp32 logits of its candidates")
+    return True

@@ -1,0 +1,157 @@
+/* The greedy token of an fp32 LM head from a bf16 screen (greedy_head.py): a cheap pass that
+ * rules out every token that cannot be the largest logit, leaving a few candidates that the
+ * exact fp32 matmul then decides between.
+ *
+ * fleet_bf16dot: approx[M][N] = bf16(x) . bf16(w), AVX512_BF16 dot products (vdpbf16ps: two
+ * bf16 products a lane and the accumulator, float32) over w packed as [ceil(N/32)][K/2][32][2]
+ * bf16: a pair of consecutive k of one channel in each 32-bit lane, 32 channels a tile. x is
+ * rounded to bf16 (to nearest even) here. Half the bytes of the fp32 head and two
+ * multiply-adds a lane per instruction, so the pass takes about half the fp32 matmul's time
+ * at any row count.
+ *
+ * fleet_head_candidates: given approx, |x| (each row's 2-norm), |w_j| (each channel's) and c,
+ * row m's candidates are the j with approx[m][j] + c |x_m| |w_j| >= approx[m][k] - c |x_m| |w_k|,
+ * k the row's largest approx. greedy_head.py chooses c so that c |x| |w_j| bounds the
+ * difference between approx and any float32 evaluation of x . w_j (the bf16 rounding of both
+ * operands and the float32 sums; Cauchy-Schwarz gives sum |x_i w_ji| <= |x| |w_j|): every j
+ * left out is then strictly below the row's fp32 maximum. Compared in double, so the
+ * comparison adds no rounding of its own.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#include <omp.h>
+
+#include "linear.h"
+
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#include <immintrin.h>
+#define BF16DOT 1
+#define HB_ROWS 8   /* rows per register block: 8 x 2 accumulators */
+
+/* float -> bf16 bits, round to nearest even (torch's .bfloat16() for finite values). */
+static inline uint16_t bf16_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* R rows of xp (pairs [R][K/2]) against one tile wt [K/2][32][2]: 32 channels into out. */
+static inline __attribute__((always_inline)) void tile_rows(const int R, const uint32_t *xp, int64_t KP,
+                                                          const uint16_t *wt, float *out, int64_t ldo, int cols) {
+    __m512 acc[HB_ROWS][2];
+    for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    for (int64_t kp = 0; kp < KP; kp++) {
+        __m512i w0 = _mm512_loadu_si512(wt + kp * 64), w1 = _mm512_loadu_si512(wt + kp * 64 + 32);
+        __asm__("" : "+v"(w0), "+v"(w1));   /* one load each, not one per row (simd.h's VF_IN_REG) */
+        for (int r = 0; r < R; r++) {
+            const __m512bh xb = (__m512bh)_mm512_set1_epi32((int)xp[r * KP + kp]);
+            acc[r][0] = _mm512_dpbf16_ps(acc[r][0], xb, (__m512bh)w0);
+            acc[r][1] = _mm512_dpbf16_ps(acc[r][1], xb, (__m512bh)w1);
+        }
+    }
+    const __mmask16 m0 = cols >= 16 ? 0xFFFF : (__mmask16)((1u << cols) - 1u);
+    const __mmask16 m1 = cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : (__mmask16)((1u << (cols - 16)) - 1u);
+    for (int r = 0; r < R; r++) {
+        _mm512_mask_storeu_ps(out + r * ldo, m0, acc[r][0]);
+        _mm512_mask_storeu_ps(out + r * ldo + 16, m1, acc[r][1]);
+    }
+}
+
+typedef void (*rows_fn)(const uint32_t *, int64_t, const uint16_t *, float *, int64_t, int);
+#define ROWS(R) \
+    static void rows_##R(const uint32_t *xp, int64_t KP, const uint16_t *wt, float *out, int64_t ldo, int cols) { \
+        tile_rows(R, xp, KP, wt, out, ldo, cols); \
+    }
+ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6) ROWS(7) ROWS(8)
+static const rows_fn row_blocks[HB_ROWS + 1] = {NULL, rows_1, rows_2, rows_3, rows_4, rows_5, rows_6, rows_7,
+                                                rows_8};
+#endif
+
+int fleet_bf16dot_supported(void) {
+#if defined(BF16DOT)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* approx [M][N] = bf16(x [M][K]) . w (packed as above; K even). xpairs: scratch of M * K / 2
+ * uint32. Returns 0, or -1 where the kernel does not run (no AVX512_BF16), -2 for an odd K. */
+int fleet_bf16dot(const float *x, int64_t M, int64_t N, int64_t K, const uint16_t *w, uint32_t *xpairs,
+                  float *approx, int num_threads) {
+#if defined(BF16DOT)
+    if (K % 2) return -2;
+    const int64_t KP = K / 2, tiles = (N + TILE - 1) / TILE;
+    for (int64_t i = 0; i < M * KP; i++)
+        xpairs[i] = (uint32_t)bf16_bits(x[2 * i]) | (uint32_t)bf16_bits(x[2 * i + 1]) << 16;
+    #pragma omp parallel for schedule(static) num_threads(num_threads)
+    for (int64_t t = 0; t < tiles; t++) {
+        const uint16_t *wt = w + t * KP * TILE * 2;
+        const int cols = N - t * TILE < TILE ? (int)(N - t * TILE) : TILE;
+        for (int64_t r0 = 0; r0 < M; r0 += HB_ROWS) {
+            const int R = M - r0 < HB_ROWS ? (int)(M - r0) : HB_ROWS;
+            row_blocks[R](xpairs + r0 * KP, KP, wt, approx + r0 * N + t * TILE, N, cols);
+        }
+    }
+    return 0;
+#else
+    (void)x; (void)M; (void)N; (void)K; (void)w; (void)xpairs; (void)approx; (void)num_threads;
+    return -1;
+#endif
+}
+
+/* Candidates of each row (see the header): their indices, ascending, into idx[m * cap ..],
+ * their number into count[m]. wmax: the largest wnorm. Returns 0; 1 when a row's approx
+ * holds a NaN or an infinity, or it has more than cap candidates (the caller then takes the
+ * full head); -1 where the kernel does not run. */
+int fleet_head_candidates(const float *approx, int64_t M, int64_t N, const float *xnorm, const float *wnorm,
+                          float wmax, double c, int64_t cap, int64_t *idx, int64_t *count, int num_threads) {
+#if defined(BF16DOT)
+    int failed = 0;
+    #pragma omp parallel for schedule(static) num_threads(num_threads) reduction(| : failed)
+    for (int64_t m = 0; m < M; m++) {
+        const float *a = approx + m * N;
+        count[m] = 0;
+        /* The largest value, and whether any is NaN or infinite (x - x is NaN exactly there). */
+        __m512 vmax = _mm512_set1_ps(-INFINITY);
+        __mmask16 bad = 0;
+        int64_t j = 0;
+        for (; j + 16 <= N; j += 16) {
+            const __m512 v = _mm512_loadu_ps(a + j);
+            bad |= _mm512_cmp_ps_mask(_mm512_sub_ps(v, v), _mm512_sub_ps(v, v), _CMP_UNORD_Q);
+            vmax = _mm512_max_ps(vmax, v);
+        }
+        float top = _mm512_reduce_max_ps(vmax);
+        for (; j < N; j++) {
+            if (!isfinite(a[j])) bad = 1;
+            if (a[j] > top) top = a[j];
+        }
+        if (bad || !isfinite(top)) { failed = 1; continue; }
+        int64_t k = 0;
+        while (a[k] != top) k++;
+        const double e = c * (double)xnorm[m];
+        const double floor_ = (double)top - e * (double)wnorm[k];
+        /* A float bound below every candidate (wnorm[j] <= wmax) skips most j in vector compares. */
+        const float pre = nextafterf((float)(floor_ - e * (double)wmax), -INFINITY);
+        const __m512 vpre = _mm512_set1_ps(pre);
+        int64_t n = 0;
+        for (j = 0; j < N && !failed; j += 16) {
+            const __mmask16 lanes = N - j >= 16 ? 0xFFFF : (__mmask16)((1u << (N - j)) - 1u);
+            __mmask16 hit = _mm512_mask_cmp_ps_mask(lanes, _mm512_maskz_loadu_ps(lanes, a + j), vpre, _CMP_GE_OQ);
+            for (; hit; hit &= hit - 1) {
+                const int64_t i = j + __builtin_ctz(hit);
+                if ((double)a[i] + e * (double)wnorm[i] < floor_) continue;
+                if (n == cap) { failed = 1; break; }
+                idx[m * cap + n++] = i;
+            }
+        }
+        count[m] = failed ? 0 : n;
+    }
+    return failed;
+#else
+    (void)approx; (void)M; (void)N; (void)xnorm; (void)wnorm; (void)wmax; (void)c; (void)cap; (void)idx;
+    (void)count; (void)num_threads;
+    return -1;
+#endif
+}

@@ -1,0 +1,143 @@
+"""Greedy tokens of an fp32 LM head at about half its cost, with the same tokens.
+
+A greedy row needs the index of its largest logit, not the logits. :class:`GreedyHead`
+computes every logit approximately first, with x and W rounded to bf16 (AVX512_BF16 dot
+products over a bf16 copy of the head: half the bytes and twice the multiply-adds per
+instruction of the fp32 matmul; ``greedy_head.c``), then proves which tokens cannot win:
+
+    |approx_j - fp32_j| <= c |x| |w_j|   for any float32 evaluation fp32_j of x . w_j,
+
+with c = (2 u_bf16 + u_bf16^2 + 2 (K + 8) u_f32) times 1.0625, u the unit roundoffs (2^-8
+and 2^-24): each bf16 rounding is within u_bf16 of its operand, float32 sums of K products
+are within (K + 8) u_f32 of the exact sum of their absolute values (the +8 covers the
+kernels' partial-sum chains), and Cauchy-Schwarz bounds that sum by |x| |w_j|; the last
+factor covers the rounding of the norms themselves. Token k with the largest approx puts a
+floor approx_k - c |x| |w_k| under the row's fp32 maximum, so every j with approx_j + c |x|
+|w_j| below it is strictly smaller than the winner in any float32 evaluation. The few left
+(1-3 per row on SmolLM2's real decode states, at most a few dozen) are recomputed with the
+same packed fp32 kernel over the union of candidate columns, whose per-column sums do not
+depend on which columns a call holds (``linear.c``): the same bits as the full head's columns.
+The first of equal maxima wins, as in ``torch.argmax``, since every tie of the winner is a
+candidate. So the token is the one the full fp32 head gives, not an approximation of it.
+
+It returns None (the caller then takes the full head) where the screen cannot decide: a
+row with a non-finite value or a tiny |x|, more than ``cap`` candidates, or a union too
+large to be worth it; and it is not built where the CPU lacks AVX512_BF16.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from kernels.cpu import linear as packed_linear
+from kernels.cpu import process_kernels
+
+TILE = 32
+U_BF16, U_F32 = 2.0 ** -8, 2.0 ** -24
+MIN_NORM = 1e-12   # |x| below this, or |w_j| raised to it: vdpbf16ps flushes denormals (absolute errors)
+
+
+def available() -> bool:
+    """The C kernels built and this CPU has AVX512_BF16 (the screen's dot products)."""
+    lib = process_kernels()
+    return lib is not None and lib.bf16dot
+
+
+def pack_pairs(w: torch.Tensor) -> torch.Tensor:
+    """w [N, K] float (K even) -> bf16 [ceil(N / 32), K / 2, 32, 2]: each 32-bit lane a pair of
+    consecutive k of one channel, as vdpbf16ps reads them; padding channels zero."""
+    n, k = w.shape
+    if k % 2:
+        raise ValueError(f"the bf16 screen needs an even K, got {k}")
+    w = w.detach().to(torch.bfloat16)
+    pad = -n % TILE
+    if pad:
+        w = torch.cat([w, w.new_zeros(pad, k)])
+    return w.reshape(-1, TILE, k // 2, 2).transpose(1, 2).contiguous()
+
+
+def bound_factor(k: int) -> float:
+    """c of the module docstring for K input features."""
+    return (2 * U_BF16 + U_BF16 ** 2 + 2 * (k + 8) * U_F32) * 1.0625
+
+
+def reference_bf16_dot(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """What ``bf16_dot`` computes, in torch: both operands rounded to bf16, products summed in float64."""
+    return (x.bfloat16().double() @ w.bfloat16().double().T).float()
+
+
+class GreedyHead:
+    """The greedy token of each row of ``x @ weight.T`` (weight [V, K] float32, also packed as
+    ``packed``, the f32 PackedWeight the engine's head computes with)."""
+
+    def __init__(self, weight: torch.Tensor, packed: packed_linear.PackedWeight, cap: int = 1024,
+                 max_union: float = 0.125) -> None:
+        if packed.fmt != "f32" or tuple(weight.shape) != (packed.n, packed.k):
+            raise ValueError("GreedyHead screens an f32-packed head of the weight's shape")
+        self.lib = process_kernels()
+        if self.lib is None or not self.lib.bf16dot:
+            raise RuntimeError("the bf16 screen needs the C kernels and AVX512_BF16")
+        self.weight = weight.detach().float().contiguous()
+        self.packed, self.n, self.k = packed, packed.n, packed.k
+        self.pairs = pack_pairs(self.weight)
+        norms = self.weight.double().norm(dim=1).clamp_min(MIN_NORM) * (1 + 2 ** -20)
+        self.wnorm = norms.float().contiguous()
+        self.wmax = float(self.wnorm.max())
+        self.c = bound_factor(self.k)
+        self.cap, self.max_union = cap, int(max_union * self.n)
+        self._rows, self._scratch = 0, {}   # buffers for up to _rows rows, kept: no page faults a step
+
+    def __deepcopy__(self, memo: dict) -> GreedyHead:
+        return self   # read-only but for its scratch, which one thread uses at a time (a self-drafter's copy)
+
+    def scratch(self, m: int) -> dict[str, torch.Tensor]:
+        """Buffers for m rows: approx [m, V], xpairs, idx [m, cap], count [m]."""
+        if m > self._rows:
+            self._rows = max(m, 2 * self._rows)
+            r = self._rows
+            self._scratch = {"approx": torch.empty(r * self.n), "xpairs": torch.empty(r * self.k // 2, dtype=torch.int32),
+                             "idx": torch.empty(r * self.cap, dtype=torch.int64),
+                             "count": torch.empty(r, dtype=torch.int64)}
+        s = self._scratch
+        return {"approx": s["approx"][:m * self.n].view(m, self.n), "xpairs": s["xpairs"][:m * self.k // 2],
+                "idx": s["idx"][:m * self.cap].view(m, self.cap), "count": s["count"][:m]}
+
+    def approx(self, x: torch.Tensor, bufs: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+        """bf16(x) . bf16(W) [M, V] float32 (the screen's pass; into ``bufs["approx"]`` when given)."""
+        x = x.float().contiguous()
+        if bufs is None:
+            bufs = {"approx": torch.empty(x.shape[0], self.n),
+                    "xpairs": torch.empty(x.shape[0] * self.k // 2, dtype=torch.int32)}
+        self.lib.bf16_dot(x, self.pairs, self.n, bufs["xpairs"], bufs["approx"])
+        return bufs["approx"]
+
+    def candidates(self, x: torch.Tensor) -> list[np.ndarray] | None:
+        """Each row's candidate token ids (ascending), or None where the screen cannot decide."""
+        x = x.float().contiguous()
+        if x.dim() != 2 or x.shape[1] != self.k:
+            raise ValueError(f"x must be [M, {self.k}], got {tuple(x.shape)}")
+        xnorm = x.double().norm(dim=1)
+        if not bool(torch.isfinite(xnorm).all()) or bool((xnorm < MIN_NORM).any()):
+            return None
+        xnorm = (xnorm * (1 + 2 ** -20)).float()
+        bufs = self.scratch(x.shape[0])
+        approx, idx, count = self.approx(x, bufs), bufs["idx"], bufs["count"]
+        if not self.lib.head_candidates(approx, xnorm, self.wnorm, self.wmax, self.c, idx, count):
+            return None
+        rows, counts = idx.numpy(), count.tolist()
+        return [rows[m, :counts[m]] for m in range(len(counts))]
+
+    def argmax(self, x: torch.Tensor) -> list[int] | None:
+        """Each row's greedy token, as ``argmax(x @ weight.T)`` through the packed f32 head
+        would give it; None where the screen cannot decide (take the full head then)."""
+        if x.shape[0] == 0:
+            return []
+        cands = self.candidates(x)
+        if cands is None:
+            return None
+        union = np.unique(np.concatenate(cands))
+        if len(union) > self.max_union:
+            return None
+        sub = packed_linear.pack_f32(self.weight[torch.from_numpy(union)])
+        exact = packed_linear.linear(x.float().contiguous(), sub).numpy()   # [M, |union|], the head's bits
+        return union[exact.argmax(axis=1)].tolist()

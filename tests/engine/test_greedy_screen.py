@@ -1,0 +1,55 @@
+"""The engine's greedy rows take their token from the greedy head (kernels/cpu/greedy_head.py)
+where it is installed: the same tokens as the full fp32 head, and every row that needs
+more of its logits than their argmax still gets them."""
+import pytest
+
+from gpu_worker import LLM, SamplingParams
+from kernels.cpu import greedy_head
+
+pytestmark = pytest.mark.skipif(not greedy_head.available(), reason="the bf16 screen needs AVX512_BF16")
+
+PROMPTS = [[1, 500 + 7 * i, 900 + i, 40 + 3 * i] * (1 + i % 4) for i in range(12)]
+
+
+def counting_full_head(llm):
+    model, calls = llm.engine.model, []
+    full = model.compute_logits
+
+    def compute_logits(hidden):
+        calls.append(hidden.shape[0])
+        return full(hidden)
+
+    model.compute_logits = compute_logits
+    return calls
+
+
+def test_greedy_tokens_are_those_of_the_full_head(tiny_llama_dir):
+    params = [SamplingParams(temperature=0, max_tokens=12 + i, ignore_eos=True) for i in range(len(PROMPTS))]
+    screened = LLM(tiny_llama_dir, kv_cache_memory=16 << 20)
+    full = LLM(tiny_llama_dir, kv_cache_memory=16 << 20, greedy_screen=False)
+    assert screened.engine.model.greedy_head is not None and full.engine.model.greedy_head is None
+    calls = counting_full_head(screened)
+    got = [o.token_ids for o in screened.generate(PROMPTS, params)]
+    assert got == [o.token_ids for o in full.generate(PROMPTS, params)]
+    assert calls == []   # every step's rows were greedy: none computed the full head
+
+
+def test_rows_that_need_the_logits_get_them(tiny_llama_dir):
+    llm = LLM(tiny_llama_dir, kv_cache_memory=16 << 20)
+    calls = counting_full_head(llm)
+    greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    with_logprobs = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=2)
+    sampled = SamplingParams(temperature=0.8, max_tokens=6, ignore_eos=True, seed=3)
+    penalised = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, repetition_penalty=1.3)
+    outs = llm.generate(PROMPTS[:4], [greedy, with_logprobs, sampled, penalised])
+    assert len(calls) >= 6 and all(len(o.token_ids) == 6 for o in outs)
+    assert outs[1].logprobs is not None and len(outs[1].logprobs) == 6
+    alone = LLM(tiny_llama_dir, kv_cache_memory=16 << 20, greedy_screen=False)
+    assert outs[0].token_ids == alone.generate([PROMPTS[0]], [greedy])[0].token_ids
+    assert outs[1].token_ids == alone.generate([PROMPTS[1]], [with_logprobs])[0].token_ids
+
+
+def test_only_an_f32_packed_head_is_screened(tiny_llama_dir):
+    assert LLM(tiny_llama_dir, kv_cache_memory=16 << 20, onednn=False).engine.model.greedy_head is None
+    assert LLM(tiny_llama_dir, kv_cache_memory=16 << 20, quantization="int8+head").engine.model.greedy_head is None
+    assert LLM(tiny_llama_dir, kv_cache_memory=16 << 20, quantization="int8").engine.model.greedy_head is not None

@@ -1,0 +1,139 @@
+"""The greedy head (kernels/cpu/greedy_head.py): its bf16 screen against a torch reference,
+its bound, and its tokens against the full packed fp32 head's argmax, on data built to sit
+at the edge of the bound (near ties, exact ties, loud input channels)."""
+import numpy as np
+import pytest
+import torch
+
+from kernels.cpu import greedy_head
+from kernels.cpu import linear as packed_linear
+from kernels.cpu.greedy_head import GreedyHead, bound_factor, pack_pairs, reference_bf16_dot
+
+pytestmark = pytest.mark.skipif(not greedy_head.available(), reason="the bf16 screen needs AVX512_BF16")
+
+
+def head(w: torch.Tensor, **kw) -> GreedyHead:
+    return GreedyHead(w, packed_linear.pack_f32(w), **kw)
+
+
+def full_argmax(x: torch.Tensor, w: torch.Tensor) -> list[int]:
+    return packed_linear.linear(x.contiguous(), packed_linear.pack_f32(w)).numpy().argmax(axis=1).tolist()
+
+
+def loud_rows(m: int, k: int, gen: torch.Generator) -> torch.Tensor:
+    """Rows with a few loud channels, as an LLM's last hidden state has."""
+    x = torch.randn(m, k, generator=gen)
+    x[:, : max(1, k // 64)] *= 30
+    return x
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 1000, 64), (5, 77, 130), (64, 4099, 576)])
+def test_the_screen_is_bf16_x_times_bf16_w_summed_in_float32(m, n, k):
+    gen = torch.Generator().manual_seed(m + n)
+    x, w = loud_rows(m, k, gen), torch.randn(n, k, generator=gen) * 0.05
+    got, want = head(w).approx(x), reference_bf16_dot(x, w)
+    s = (x.bfloat16().double().abs() @ w.bfloat16().double().abs().T).float()   # sum |x_i w_ji|
+    assert bool(((got - want).abs() <= 2 * k * 2.0 ** -24 * s + 1e-30).all())
+
+
+def test_pairs_hold_two_consecutive_k_of_one_channel_a_lane():
+    w = torch.arange(40 * 6, dtype=torch.float32).reshape(40, 6)
+    p = pack_pairs(w)
+    assert p.shape == (2, 3, 32, 2) and p.dtype == torch.bfloat16
+    assert p[1, 2, 3].tolist() == [w[35, 4].item(), w[35, 5].item()] and not p[1, :, 8:].any()
+    with pytest.raises(ValueError, match="even K"):
+        pack_pairs(torch.ones(4, 5))
+
+
+def test_the_bound_holds_where_both_operands_round_the_most():
+    # Every value halfway between two bf16 neighbours rounds by the most bf16 rounds anything;
+    # all of one sign, so no rounding error cancels another.
+    k = 576
+    x = torch.full((3, k), 1 + 2.0 ** -8 + 2.0 ** -20)
+    w = torch.full((5, k), 1 + 2.0 ** -8 + 2.0 ** -20) * torch.arange(1, 6)[:, None]
+    g = head(w)
+    err = (g.approx(x).double() - x.double() @ w.double().T).abs()
+    bound = bound_factor(k) * x.double().norm(dim=1)[:, None] * w.double().norm(dim=1)[None, :]
+    assert bool((err <= bound).all()) and float((err / bound).max()) > 0.5   # tight, not loose by orders
+
+
+@pytest.mark.parametrize("m", [1, 3, 8, 13, 64, 100])
+def test_tokens_are_the_full_heads_argmax_on_near_ties(m):
+    gen = torch.Generator().manual_seed(m)
+    k, n = 256, 3000
+    w = torch.randn(n, k, generator=gen) * 0.05
+    # 300 channels within a hair of channel 7: the screen cannot tell them apart, the exact
+    # recompute must; a bound too small by any margin would drop the true winner.
+    w[1000:1300] = w[7] + torch.randn(300, k, generator=gen) * 1e-4
+    x = loud_rows(m, k, gen)
+    x[: m // 2] = w[7] * 40 + torch.randn(m // 2, k, generator=gen) * 0.01
+    g = head(w, cap=512, max_union=0.5)   # 3,000 channels: the near ties alone are a tenth
+    want = full_argmax(x, w)
+    assert g.argmax(x) == want
+    if m >= 8:   # the screen alone would have picked wrong: the recompute decided
+        assert g.approx(x).numpy().argmax(axis=1).tolist()[: m // 2] != want[: m // 2]
+
+
+def test_exact_ties_go_to_the_first_index_as_torch_argmax_does():
+    gen = torch.Generator().manual_seed(3)
+    w = torch.randn(500, 64, generator=gen)
+    w[400] = w[90]
+    w[450] = w[90]
+    x = (w[90] * 5).repeat(4, 1)
+    assert head(w).argmax(x) == [90] * 4 == full_argmax(x, w)
+
+
+@pytest.mark.parametrize("pairs", [False, True])
+@pytest.mark.parametrize("m", [1, 4, 9, 49, 64, 101])
+def test_candidate_columns_carry_the_full_heads_bits(m, pairs):
+    # The recompute over the union of candidates runs the same packed kernel on the same rows:
+    # every column's sum must not depend on which columns the call holds (or on the tuning).
+    gen = torch.Generator().manual_seed(100 + m)
+    w, x = torch.randn(2000, 576, generator=gen) * 0.05, loud_rows(m, 576, gen)
+    before = packed_linear.tuning(f32_pairs=pairs)
+    try:
+        full = packed_linear.linear(x, packed_linear.pack_f32(w))
+        cols = torch.tensor(sorted({3, 31, 32, 77, 640, 641, 1999} | set(range(1200, 1264))))
+        sub = packed_linear.linear(x, packed_linear.pack_f32(w[cols]))
+    finally:
+        packed_linear.tuning(**before)
+    assert torch.equal(sub, full[:, cols])
+
+
+def test_real_model_rows_agree_with_the_full_head():
+    from gpu_worker.model.default_model import default_model_dir
+    from gpu_worker.model.loader import load_state_dict
+
+    w = load_state_dict(default_model_dir())["model.embed_tokens.weight"].float().contiguous()
+    gen = torch.Generator().manual_seed(0)
+    # Hidden states like the model's last ones: a few loud channels, norms of 35-65.
+    x = loud_rows(64, w.shape[1], gen)
+    x = x / x.norm(dim=1, keepdim=True) * torch.linspace(35, 65, 64)[:, None]
+    g = head(w)
+    assert g.argmax(x) == full_argmax(x, w)
+
+
+def test_it_declines_what_it_cannot_decide():
+    gen = torch.Generator().manual_seed(5)
+    w = torch.randn(300, 64, generator=gen)
+    g = head(w, cap=16)
+    x = torch.randn(2, 64, generator=gen)
+    assert g.argmax(x[:0]) == []
+    assert g.argmax(torch.cat([x, torch.full((1, 64), float("nan"))])) is None
+    assert g.argmax(torch.cat([x, torch.zeros(1, 64)])) is None            # |x| = 0: every token ties
+    same = head(torch.ones(300, 64), cap=16)                                # 300 candidates > cap
+    assert same.argmax(x.abs()) is None
+    assert head(torch.ones(300, 64), cap=512, max_union=0.5).argmax(x.abs()) is None   # a union of all
+    with pytest.raises(ValueError, match="f32-packed"):
+        GreedyHead(w, packed_linear.pack_bf16(w))
+
+
+def test_scratch_grows_and_is_reused():
+    gen = torch.Generator().manual_seed(6)
+    w = torch.randn(100, 32, generator=gen)
+    g = head(w, max_union=1.0)
+    for m in (3, 1, 40, 7):
+        x = torch.randn(m, 32, generator=gen)
+        assert g.argmax(x) == full_argmax(x, w)
+    assert g._rows == 40
+    assert isinstance(np.asarray(g.candidates(x)[0]), np.ndarray)
