@@ -93,7 +93,7 @@ class GreedyHead:
     def scratch(self, m: int) -> dict[str, torch.Tensor]:
         """Buffers for m rows: approx [m, V], xpairs, idx [m, cap], count [m]."""
         if m > self._rows:
-            self._rows = max(m, 2 * self._rows)
+            self._rows = m
             r = self._rows
             self._scratch = {"approx": torch.empty(r * self.n), "xpairs": torch.empty(r * self.k // 2, dtype=torch.int32),
                              "idx": torch.empty(r * self.cap, dtype=torch.int64),
@@ -125,7 +125,7 @@ class GreedyHead:
         if not self.lib.head_candidates(approx, xnorm, self.wnorm, self.wmax, self.c, idx, count):
             return None
         rows, counts = idx.numpy(), count.tolist()
-        return [rows[m, :counts[m]] for m in range(len(counts))]
+        return [rows[m, :counts[m]].copy() for m in range(len(counts))]   # not views of the scratch
 
     def argmax(self, x: torch.Tensor) -> list[int] | None:
         """Each row's greedy token, as ``argmax(x @ weight.T)`` through the packed f32 head
