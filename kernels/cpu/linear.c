@@ -6,7 +6,8 @@
  * OpenMP threads by tile. Inside a tile, rows go in register blocks of up to RB (8 with
  * AVX-512, 3 with AVX2; linear.h): RB x 32 accumulators, each weight vector decoded once
  * per block and multiplied into every row with x broadcast from memory. With at most RB
- * rows every weight byte is read once and decoded once. With more rows, a quantized or bf16
+ * rows every weight byte is read once and decoded once. f32 past RB rows (AVX-512) goes in
+ * passes of up to WB = 12 rows, one chain a row (f32_tile_wide). With more rows, a quantized or bf16
  * tile is first decoded into a per-thread float32 buffer of the fp32 layout ([K][32], in
  * L2), which every row block then reads (AVX2: half a tile at a time, f32_tile_rows, from
  * DECODED_HALF_ROWS rows; f32 tiles are copied there too past HALF_ROWS rows).
@@ -246,6 +247,71 @@ static void f32_tile_rows(const float *x, int64_t M, int64_t K, const float *w, 
 #endif
 
 #if defined(FLEET_AVX512)
+/* f32 calls of more than RB rows: every row is one chain of fused multiply-adds in k order
+ * from zero, whatever the call (so a row's result does not depend on its batch from RB + 1
+ * rows on, nor from 5: a block of 5-8 rows keeps one chain a row too). A tile's rows go in
+ * ceil(M / WB) passes of near-equal size, R <= WB rows each: R x 32 accumulators (24 of
+ * the 32 zmm registers at 12 rows), each weight vector loaded once a pass. A single pass
+ * (9-12 rows) reads the tile from memory once at 24 multiply-adds per 128 bytes, where blocks
+ * of 8 and 4 rows read it twice, and prefetches its own stream WIDE_AHEAD bytes ahead into L2
+ * (the tiles of a thread follow one another then: tile_chunk). In-process A/B on a 2-core
+ * AMD EPYC Zen 4 (family 25 model 17), SmolLM2's 120 projections back to back as in a decode
+ * step, alternating, medians of 11: 12 rows 0.71-0.74x the time of the blocks of 8 (20.1 ->
+ * 14.2 ms), 48 rows 0.90-0.96x. */
+#define WB 12
+#define WIDE_AHEAD 16384
+AI void wide_rows(const int R, const float *x, int64_t ldx, const float *w, int64_t K, const float *bias,
+                  float *out, int64_t ldo, int cols, const int pf) {
+    vf acc[WB][2];
+    for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = vf_zero();
+    for (int64_t k = 0; k < K; k++) {
+        if (pf) {
+            _mm_prefetch((const char *)(w + k * TILE) + WIDE_AHEAD, _MM_HINT_T1);
+            _mm_prefetch((const char *)(w + k * TILE) + WIDE_AHEAD + 64, _MM_HINT_T1);
+        }
+        vf w0 = vf_load(w + k * TILE), w1 = vf_load(w + k * TILE + 16);
+        VF_IN_REG(w0);
+        VF_IN_REG(w1);
+        for (int r = 0; r < R; r++) {
+            const vf xb = vf_set1(x[r * ldx + k]);
+            acc[r][0] = vf_fmadd(xb, w0, acc[r][0]);
+            acc[r][1] = vf_fmadd(xb, w1, acc[r][1]);
+        }
+    }
+    const vm m0 = vm_first(cols), m1 = vm_first(cols - 16);
+    const vf b0 = bias ? vf_load_mask(bias, m0) : vf_zero(), b1 = bias ? vf_load_mask(bias + 16, m1) : vf_zero();
+    for (int r = 0; r < R; r++) {
+        vf_store_mask(out + r * ldo, m0, vf_add(acc[r][0], b0));
+        vf_store_mask(out + r * ldo + 16, m1, vf_add(acc[r][1], b1));
+    }
+}
+typedef void (*wide_fn)(const float *, int64_t, const float *, int64_t, const float *, float *, int64_t, int, int);
+#define WIDE(R)                                                                                         \
+    static void wide_##R(const float *x, int64_t ldx, const float *w, int64_t K, const float *bias,     \
+                         float *out, int64_t ldo, int cols, int pf) {                                   \
+        if (pf) wide_rows(R, x, ldx, w, K, bias, out, ldo, cols, 1);                                    \
+        else wide_rows(R, x, ldx, w, K, bias, out, ldo, cols, 0);                                       \
+    }
+WIDE(1) WIDE(2) WIDE(3) WIDE(4) WIDE(5) WIDE(6) WIDE(7) WIDE(8) WIDE(9) WIDE(10) WIDE(11) WIDE(12)
+static const wide_fn wides[WB + 1] = {NULL, wide_1, wide_2, wide_3, wide_4, wide_5, wide_6,
+                                      wide_7, wide_8, wide_9, wide_10, wide_11, wide_12};
+
+/* Rows r0 .. M of x (M > RB) against f32 tile i (its first `cols` channels), in passes of at
+ * most WB rows; pf: the first pass prefetches (a single pass only, see above). */
+static void f32_tile_wide(const float *x, int64_t M, int64_t N, int64_t K, const void *data, int64_t i,
+                          int64_t r0, const float *bias, float *out, int pf) {
+    const float *w = (const float *)data + i * K * TILE;
+    const int cols = N - i * TILE < TILE ? (int)(N - i * TILE) : TILE;
+    const int64_t passes = (M - r0 + WB - 1) / WB;
+    for (int64_t p = 0; p < passes; p++) {
+        const int R = (int)((M - r0 + passes - p - 1) / (passes - p));
+        wides[R](x + r0 * K, K, w, K, bias ? bias + i * TILE : NULL, out + r0 * N + i * TILE, N, cols, pf && !p);
+        r0 += R;
+    }
+}
+#endif
+
+#if defined(FLEET_AVX512)
 /* Prefill-sized f32 calls (more than CONTIGUOUS_ROWS rows): two tiles (64 channels) at a
  * time in blocks of PB rows, PB x 4 accumulators (24 of the 32 zmm registers), each k's x
  * value broadcast once for four multiply-adds and each weight vector used PB times: 0.42
@@ -282,41 +348,26 @@ typedef void (*pair_fn)(const float *, int64_t, const float *, const float *, in
 PAIR(1) PAIR(2) PAIR(3) PAIR(4) PAIR(5) PAIR(6)
 static const pair_fn pairs[PB + 1] = {NULL, pair_1, pair_2, pair_3, pair_4, pair_5, pair_6};
 
-/* One tile's rows r0 .. M in the blocks of RB rows fleet_linear's main loop gives them. */
-static void f32_tile_blocks(const float *x, int64_t M, int64_t N, int64_t K, const void *data, int64_t i,
-                            int64_t r0, const float *bias, float *out) {
-    const tile_t t = tile_at(FMT_F32, data, NULL, NULL, K, 0, i);
-    const int cols = N - i * TILE < TILE ? (int)(N - i * TILE) : TILE;
-    for (; r0 < M; r0 += RB) {
-        const int R = M - r0 < RB ? (int)(M - r0) : RB;
-        blocks[FMT_F32][R](x + r0 * K, K, &t, bias ? bias + i * TILE : NULL, out + r0 * N + i * TILE, N, cols);
-    }
-}
-
 /* fleet_linear for f32 past CONTIGUOUS_ROWS rows: the whole tiles two at a time, their rows
  * in blocks of PB, the rest of the tiles as the main loop does. The same bits as the main
- * loop: the rows of its full blocks of RB (single chains) go through the pairs, and its last,
- * partial block (M % RB rows, whose blocks of four rows or fewer keep several chains a row,
- * SETS) goes through the same block function here. In-process A/B on a 2-core Intel Xeon with
+ * loop: one chain a row (f32_tile_wide). In-process A/B on a 2-core Intel Xeon with
  * AMX (SmolLM2's shapes, 1,024 rows, alternating, medians of 40): qkv 0.91x the time, gate_up
  * 0.85x, o_proj 0.98x, down level; the throughput workload 1.05x tokens/s (ABBA, 4 runs each). */
 static void f32_pairs(const float *x, int64_t M, int64_t N, int64_t K, const void *data, const float *bias,
                       float *out, int num_threads) {
     const int64_t whole = N / TILE, tiles = (N + TILE - 1) / TILE, pairs_n = whole / 2;
-    const int64_t full = M - M % RB;   /* rows in full blocks of RB */
     #pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads)
     for (int64_t u = 0; u < pairs_n + tiles - 2 * pairs_n; u++) {
         if (u >= pairs_n) {   /* a tile left over: an odd one, or a last partial one */
-            f32_tile_blocks(x, M, N, K, data, 2 * pairs_n + (u - pairs_n), 0, bias, out);
+            f32_tile_wide(x, M, N, K, data, 2 * pairs_n + (u - pairs_n), 0, bias, out, 0);
             continue;
         }
         const int64_t i = 2 * u;
         const float *wa = (const float *)data + i * K * TILE, *wb = wa + K * TILE;
-        for (int64_t r0 = 0; r0 < full; r0 += PB) {
-            const int R = full - r0 < PB ? (int)(full - r0) : PB;
+        for (int64_t r0 = 0; r0 < M; r0 += PB) {
+            const int R = M - r0 < PB ? (int)(M - r0) : PB;
             pairs[R](x + r0 * K, K, wa, wb, K, bias ? bias + i * TILE : NULL, out + r0 * N + i * TILE, N);
         }
-        for (int64_t j = i; j < i + 2 && full < M; j++) f32_tile_blocks(x, M, N, K, data, j, full, bias, out);
     }
 }
 #endif
@@ -352,8 +403,8 @@ static void decode_tile(int fmt, const tile_t *t, float *buf) {
  * prefill step's samples, perf, 2-core AMD EPYC Zen 5). In-process A/B, 1,020-token prefill
  * steps: 0.95x the time (median of 10 alternating pairs, 9 of them faster); results are the
  * same bits, each tile being computed as before. */
-static int64_t tile_chunk(int64_t tiles, int64_t M, int threads) {
-    if (M > CONTIGUOUS_ROWS || threads < 2) return 1;
+static int64_t tile_chunk(int64_t tiles, int64_t M, int threads, int contiguous_rows) {
+    if (M > contiguous_rows || threads < 2) return 1;
     return (tiles + threads - 1) / threads;
 }
 
@@ -369,6 +420,12 @@ static float *group_sums(const float *x, int64_t M, int64_t K, int64_t G) {
         }
     return sums;
 }
+
+#if defined(FLEET_AVX512)
+#define WIDE_PATH(fmt, M) ((fmt) == FMT_F32 && (M) > RB)
+#else
+#define WIDE_PATH(fmt, M) 0
+#endif
 
 int fleet_linear_supported(int fmt) { return fmt >= 0 && fmt < FMT_COUNT; }
 
@@ -400,7 +457,7 @@ int fleet_linear(int fmt, const float *x, int64_t M, int64_t N, int64_t K, int64
     {
         float *buf = direct ? NULL : aligned_alloc(64, (size_t)K * TILE * sizeof(float));
         if (!direct && !buf) failed = 3;
-        const int64_t chunk = tile_chunk(tiles, M, omp_get_num_threads());
+        const int64_t chunk = tile_chunk(tiles, M, omp_get_num_threads(), WIDE_PATH(fmt, M) ? WB : CONTIGUOUS_ROWS);
         #pragma omp for schedule(dynamic, chunk)
         for (int64_t i = 0; i < tiles; i++) {
             if (!direct && !buf) continue;
@@ -412,6 +469,12 @@ int fleet_linear(int fmt, const float *x, int64_t M, int64_t N, int64_t K, int64
                 t = (tile_t){buf, NULL, NULL, K, 0, NULL, {NULL, 0}};
                 f = FMT_F32;
             }
+#if defined(FLEET_AVX512)
+            if (WIDE_PATH(fmt, M)) {
+                f32_tile_wide(x, M, N, K, data, i, 0, bias, out, M <= WB);
+                continue;
+            }
+#endif
             const int cols = N - i * TILE < TILE ? (int)(N - i * TILE) : TILE;
 #if defined(FLEET_AVX2)
             if (!direct && (fmt == FMT_F32 || M >= DECODED_HALF_ROWS)) {   /* the tile is in the buffer */

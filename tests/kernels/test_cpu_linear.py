@@ -62,20 +62,27 @@ def test_agrees_with_the_dequantized_product(fmt, n, k, group, m):
 
 
 @pytest.mark.parametrize("n", [960, 100, 96])
-@pytest.mark.parametrize("m", [49, 300, 1020])
-def test_f32_rows_of_a_prefill_call_are_the_bits_of_small_calls(n, m):
-    """Past 48 rows f32 goes two tiles at a time in blocks of 6 rows (AVX-512), and each row
-    is still the same bits as in a call of 8 rows: one chain of multiply-adds in k order (the
-    last, partial block of 8 keeps its own chains, and gets them in either call). Channel
-    counts with an odd tile (96) and a partial one (100) take the single-tile blocks too."""
+@pytest.mark.parametrize("m", [9, 12, 13, 20, 49, 300, 1020])
+def test_f32_rows_are_the_same_bits_in_every_call_of_five_rows_or_more(n, m):
+    """AVX-512: from 5 rows on, every f32 output is one chain of multiply-adds in k order from
+    zero, whatever the call: a block of 5-8 rows, the passes of up to 12 rows past 8, the 6 x 64
+    pairs past 48 rows (Intel). So a row gets the same bits in a prefill call as in calls of 5,
+    8, 9 or 12 rows. Channel counts with an odd tile (96) and a partial one (100) take the
+    single-tile passes in the pairs' calls. AVX2 keeps its blocks of 3 (two chains for a lone
+    row): there, calls of 8 rows give the bits of a big call's rows in full blocks of 8."""
     gen = torch.Generator().manual_seed(n + m)
     w = L.pack_f32(torch.randn(n, 576, generator=gen))
     x, bias = torch.randn(m, 576, generator=gen), (torch.randn(n, generator=gen) if m % 2 else None)
     many = L.linear(x, w, bias)
-    blocks = torch.cat([L.linear(x[r:r + 8], w, bias) for r in range(0, m, 8)])
-    avx512 = {"avx512f", "avx512bw"} <= cpu_flags()
-    rows = m if avx512 else m - m % 8   # AVX2's blocks of 3 keep two chains for a lone row
-    assert torch.equal(many[:rows], blocks[:rows])
+    if not {"avx512f", "avx512bw"} <= cpu_flags():
+        rows = m - m % 8
+        blocks = torch.cat([L.linear(x[r:r + 8], w, bias) for r in range(0, rows, 8)])
+        assert torch.equal(many[:rows], blocks)
+        return
+    for size in (s for s in (5, 8, 9, 12) if s <= m):
+        starts = list(range(0, m - size + 1, size)) + [m - size]   # the last call ends at the last row
+        for r in starts:
+            assert torch.equal(L.linear(x[r:r + size], w, bias), many[r:r + size]), (size, r)
 
 
 @pytest.mark.skipif(L._library() is None or L._library().simd != "avx2", reason="the AVX2 build's decoded-tile halves")
