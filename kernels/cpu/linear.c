@@ -425,6 +425,7 @@ static float *group_sums(const float *x, int64_t M, int64_t K, int64_t G) {
 #define WIDE_PATH(fmt, M) ((fmt) == FMT_F32 && (M) > RB)
 #else
 #define WIDE_PATH(fmt, M) 0
+#define WB RB   /* no wide passes: a name for tile_chunk's argument only */
 #endif
 
 int fleet_linear_supported(int fmt) { return fmt >= 0 && fmt < FMT_COUNT; }
