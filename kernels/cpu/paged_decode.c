@@ -26,7 +26,11 @@
  * KiB, less than the 48 KiB two tiles ahead span; in-process A/B on a 2-core AMD EPYC Zen 4,
  * 30 layers of cold, scattered caches, contexts of 40-500 tokens: 0.69x the time at 64
  * sequences, 0.81x at 44, 0.71x at 8 (13.5-17 GB/s of K/V against 9.4-14), bits unchanged.
- * fleet_paged_decode_tuning sets the distance and the cache level (for such A/B runs). Other
+ * fleet_paged_decode_tuning sets the distance and the cache level (for such A/B runs). A tile
+ * whose scores stay below a head's running max skips the rescale (its factor would be exp(0),
+ * exactly 1, so the bits are the same): in-process A/B on the 2-core AMD EPYC Zen 4, 30 layers of
+ * cold caches on huge pages, 0.92-0.94x the time at 64 sequences of 40-500 tokens, 0.97-0.98x
+ * at 16 of ~2,000, level at 8, outputs bit-identical. Other
  * shapes, and machines with neither instruction set, take portable loops.
  *
  * Work is split over (sequence, KV-head range) items with OpenMP, on the thread pool torch
@@ -95,7 +99,14 @@ AI void group_tile(const float *kb, const float *vb, const float *nk, const floa
     }
     for (int h = 0; h < G; h++) {
         const vf s = vf_keep(valid, vf_sum16(part[h]), vf_set1(-INFINITY));
-        const vf mx = vf_max(m[h], vf_set1(vf_hmax(s)));
+        const float top = vf_hmax(s);
+        if (top <= vf_first(m[h])) {   /* the running max holds: f would be exp(0) = 1 exactly */
+            const vf e = vf_keep(valid, vf_exp(vf_sub(s, m[h])), vf_zero());
+            l[h] = vf_add(l[h], vf_set1(vf_sum(e)));   /* = l * 1 + sum, rounded once: the same bits */
+            vf_store(p[h], e);
+            continue;
+        }
+        const vf mx = vf_max(m[h], vf_set1(top));
         const vf f = vf_exp(vf_sub(m[h], mx));
         const vf e = vf_keep(valid, vf_exp(vf_sub(s, mx)), vf_zero());
         l[h] = vf_fmadd(l[h], f, vf_set1(vf_sum(e)));

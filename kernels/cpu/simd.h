@@ -43,6 +43,7 @@ AI vf vf_fmadd(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
 AI vf vf_fnmadd(vf a, vf b, vf c) { return _mm512_fnmadd_ps(a, b, c); }
 AI float vf_sum(vf a) { return _mm512_reduce_add_ps(a); }
 AI float vf_hmax(vf a) { return _mm512_reduce_max_ps(a); }
+AI float vf_first(vf a) { return _mm512_cvtss_f32(a); }   /* lane 0 */
 /* A lane mask, the lanes below n set (vm_first); vf_keep takes a's lanes where it is set,
  * fill's elsewhere. */
 typedef __mmask16 vm;
@@ -130,6 +131,7 @@ AI float vf_sum(vf a) {
     q = _mm_add_ps(q, _mm_movehl_ps(q, q));
     return _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)));
 }
+AI float vf_first(vf a) { return _mm256_cvtss_f32(a.lo); }   /* lane 0 */
 AI float vf_hmax(vf a) {
     const __m256 s = _mm256_max_ps(a.lo, a.hi);
     __m128 q = _mm_max_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
