@@ -256,8 +256,8 @@ static void f32_tile_rows(const float *x, int64_t M, int64_t K, const float *w, 
  * of 8 and 4 rows read it twice, and prefetches its own stream WIDE_AHEAD bytes ahead into L2
  * (the tiles of a thread follow one another then: tile_chunk). In-process A/B on a 2-core
  * AMD EPYC Zen 4 (family 25 model 17), SmolLM2's 120 projections back to back as in a decode
- * step, alternating, medians of 11: 12 rows 0.71-0.74x the time of the blocks of 8 (20.1 ->
- * 14.2 ms), 48 rows 0.90-0.96x. */
+ * step, alternating, medians of 11: 12 rows 0.70x the time of the blocks of 8 and 4 (19.5 ->
+ * 13.7 ms), 9 rows 0.82x, 48 rows 0.92x (kernels/README.md). */
 #define WB 12
 #define WIDE_AHEAD 16384
 AI void wide_rows(const int R, const float *x, int64_t ldx, const float *w, int64_t K, const float *bias,
@@ -292,18 +292,19 @@ typedef void (*wide_fn)(const float *, int64_t, const float *, int64_t, const fl
         if (pf) wide_rows(R, x, ldx, w, K, bias, out, ldo, cols, 1);                                    \
         else wide_rows(R, x, ldx, w, K, bias, out, ldo, cols, 0);                                       \
     }
-WIDE(1) WIDE(2) WIDE(3) WIDE(4) WIDE(5) WIDE(6) WIDE(7) WIDE(8) WIDE(9) WIDE(10) WIDE(11) WIDE(12)
-static const wide_fn wides[WB + 1] = {NULL, wide_1, wide_2, wide_3, wide_4, wide_5, wide_6,
+WIDE(5) WIDE(6) WIDE(7) WIDE(8) WIDE(9) WIDE(10) WIDE(11) WIDE(12)
+/* A pass has at least 5 rows: more than RB rows split into passes of at most WB. */
+static const wide_fn wides[WB + 1] = {NULL, NULL, NULL, NULL, NULL, wide_5, wide_6,
                                       wide_7, wide_8, wide_9, wide_10, wide_11, wide_12};
 
-/* Rows r0 .. M of x (M > RB) against f32 tile i (its first `cols` channels), in passes of at
+/* The M (> RB) rows of x against f32 tile i (its first `cols` channels), in passes of at
  * most WB rows; pf: the first pass prefetches (a single pass only, see above). */
 static void f32_tile_wide(const float *x, int64_t M, int64_t N, int64_t K, const void *data, int64_t i,
-                          int64_t r0, const float *bias, float *out, int pf) {
+                          const float *bias, float *out, int pf) {
     const float *w = (const float *)data + i * K * TILE;
     const int cols = N - i * TILE < TILE ? (int)(N - i * TILE) : TILE;
-    const int64_t passes = (M - r0 + WB - 1) / WB;
-    for (int64_t p = 0; p < passes; p++) {
+    const int64_t passes = (M + WB - 1) / WB;
+    for (int64_t p = 0, r0 = 0; p < passes; p++) {
         const int R = (int)((M - r0 + passes - p - 1) / (passes - p));
         wides[R](x + r0 * K, K, w, K, bias ? bias + i * TILE : NULL, out + r0 * N + i * TILE, N, cols, pf && !p);
         r0 += R;
@@ -359,7 +360,7 @@ static void f32_pairs(const float *x, int64_t M, int64_t N, int64_t K, const voi
     #pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads)
     for (int64_t u = 0; u < pairs_n + tiles - 2 * pairs_n; u++) {
         if (u >= pairs_n) {   /* a tile left over: an odd one, or a last partial one */
-            f32_tile_wide(x, M, N, K, data, 2 * pairs_n + (u - pairs_n), 0, bias, out, 0);
+            f32_tile_wide(x, M, N, K, data, 2 * pairs_n + (u - pairs_n), bias, out, 0);
             continue;
         }
         const int64_t i = 2 * u;
@@ -472,7 +473,7 @@ int fleet_linear(int fmt, const float *x, int64_t M, int64_t N, int64_t K, int64
             }
 #if defined(FLEET_AVX512)
             if (WIDE_PATH(fmt, M)) {
-                f32_tile_wide(x, M, N, K, data, i, 0, bias, out, M <= WB);
+                f32_tile_wide(x, M, N, K, data, i, bias, out, M <= WB);
                 continue;
             }
 #endif
