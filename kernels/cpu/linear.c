@@ -253,11 +253,15 @@ static void f32_tile_rows(const float *x, int64_t M, int64_t K, const float *w, 
  * ceil(M / WB) passes of near-equal size, R <= WB rows each: R x 32 accumulators (24 of
  * the 32 zmm registers at 12 rows), each weight vector loaded once a pass. A single pass
  * (9-12 rows) reads the tile from memory once at 24 multiply-adds per 128 bytes, where blocks
- * of 8 and 4 rows read it twice, and prefetches its own stream WIDE_AHEAD bytes ahead into L2
- * (the tiles of a thread follow one another then: tile_chunk). In-process A/B on a 2-core
- * AMD EPYC Zen 4 (family 25 model 17), SmolLM2's 120 projections back to back as in a decode
- * step, alternating, medians of 11: 12 rows 0.70x the time of the blocks of 8 and 4 (19.5 ->
- * 13.7 ms), 9 rows 0.82x, 48 rows 0.92x (kernels/README.md). */
+ * of 8 and 4 rows read it twice. Up to CONTIGUOUS_ROWS rows the first pass prefetches its own
+ * stream WIDE_AHEAD bytes ahead into L2 (the tiles of a thread follow one another then:
+ * tile_chunk), so the memory keeps streaming while the later passes compute from L2.
+ * In-process A/B on a 2-core AMD EPYC Zen 4 (family 25 model 17), SmolLM2's 120 projections
+ * back to back as in a decode step, alternating, medians of 11: 12 rows 0.70x the time of
+ * the blocks of 8 and 4 (19.5 -> 13.7 ms), 9 rows 0.82x, 48 rows 0.92x. The prefetch in the
+ * first of several passes (13-48 rows) pays where memory is slow: 0.91x at 20 rows, 0.94x
+ * at 28, 0.95-0.97x at 36-48 (11 of 11 pairs faster) in a process whose 1-row pass took 15 ms,
+ * level (within 2 %) in two processes with faster memory; level at 16 rows and past 48. */
 #define WB 12
 #define WIDE_AHEAD 16384
 AI void wide_rows(const int R, const float *x, int64_t ldx, const float *w, int64_t K, const float *bias,
@@ -298,7 +302,7 @@ static const wide_fn wides[WB + 1] = {NULL, NULL, NULL, NULL, NULL, wide_5, wide
                                       wide_7, wide_8, wide_9, wide_10, wide_11, wide_12};
 
 /* The M (> RB) rows of x against f32 tile i (its first `cols` channels), in passes of at
- * most WB rows; pf: the first pass prefetches (a single pass only, see above). */
+ * most WB rows; pf: the first pass prefetches (see above). */
 static void f32_tile_wide(const float *x, int64_t M, int64_t N, int64_t K, const void *data, int64_t i,
                           const float *bias, float *out, int pf) {
     const float *w = (const float *)data + i * K * TILE;
@@ -404,8 +408,8 @@ static void decode_tile(int fmt, const tile_t *t, float *buf) {
  * prefill step's samples, perf, 2-core AMD EPYC Zen 5). In-process A/B, 1,020-token prefill
  * steps: 0.95x the time (median of 10 alternating pairs, 9 of them faster); results are the
  * same bits, each tile being computed as before. */
-static int64_t tile_chunk(int64_t tiles, int64_t M, int threads, int contiguous_rows) {
-    if (M > contiguous_rows || threads < 2) return 1;
+static int64_t tile_chunk(int64_t tiles, int64_t M, int threads) {
+    if (M > CONTIGUOUS_ROWS || threads < 2) return 1;
     return (tiles + threads - 1) / threads;
 }
 
@@ -426,7 +430,6 @@ static float *group_sums(const float *x, int64_t M, int64_t K, int64_t G) {
 #define WIDE_PATH(fmt, M) ((fmt) == FMT_F32 && (M) > RB)
 #else
 #define WIDE_PATH(fmt, M) 0
-#define WB RB   /* no wide passes: a name for tile_chunk's argument only */
 #endif
 
 int fleet_linear_supported(int fmt) { return fmt >= 0 && fmt < FMT_COUNT; }
@@ -459,7 +462,7 @@ int fleet_linear(int fmt, const float *x, int64_t M, int64_t N, int64_t K, int64
     {
         float *buf = direct ? NULL : aligned_alloc(64, (size_t)K * TILE * sizeof(float));
         if (!direct && !buf) failed = 3;
-        const int64_t chunk = tile_chunk(tiles, M, omp_get_num_threads(), WIDE_PATH(fmt, M) ? WB : CONTIGUOUS_ROWS);
+        const int64_t chunk = tile_chunk(tiles, M, omp_get_num_threads());
         #pragma omp for schedule(dynamic, chunk)
         for (int64_t i = 0; i < tiles; i++) {
             if (!direct && !buf) continue;
@@ -473,7 +476,7 @@ int fleet_linear(int fmt, const float *x, int64_t M, int64_t N, int64_t K, int64
             }
 #if defined(FLEET_AVX512)
             if (WIDE_PATH(fmt, M)) {
-                f32_tile_wide(x, M, N, K, data, i, bias, out, M <= WB);
+                f32_tile_wide(x, M, N, K, data, i, bias, out, M <= CONTIGUOUS_ROWS);
                 continue;
             }
 #endif
