@@ -74,10 +74,11 @@ def instrument(engine: EngineCore, timers: Timers) -> None:
     model.ops = dataclasses.replace(
         ops, plan_attention=timers.wrap("plan", ops.plan_attention), attention=timers.wrap("attention", ops.attention),
         add_rms_norm=timers.wrap("glue", ops.add_rms_norm), rope=timers.wrap("glue", ops.rope),
-        prepare_rope=timers.wrap("glue", ops.prepare_rope), silu_and_mul=timers.wrap("glue", ops.silu_and_mul))
+        prepare_rope=timers.wrap("glue", ops.prepare_rope), silu_and_mul=timers.wrap("glue", ops.silu_and_mul),
+        gated_mlp=timers.wrap("matmul", ops.gated_mlp))
     model.forward = timers.wrap("forward", model.forward)
-    for layer in model.layers:
-        for m in layer.children():
+    for layer in model.layers:   # gate_up: inside gated_mlp, timed with it (its activation too)
+        for m in (layer.qkv, layer.o_proj, layer.down):
             m.forward = timers.wrap("matmul", m.forward)
     IncrementalDetokenizer.push = timers.wrap("detokenize", IncrementalDetokenizer.push)
 

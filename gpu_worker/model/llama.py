@@ -56,7 +56,7 @@ class DecoderLayer(nn.Module):
         q, k = ops.rope(heads[:, :self.k_start], heads[:, self.k_start:self.v_start], rope_ctx)
         o = ops.attention(q, k, heads[:, self.v_start:], kv_cache[0], kv_cache[1], plan, self.scale)
         h, residual = ops.add_rms_norm(self.o_proj(o.reshape(n, self.q_size)), residual, self.post_norm, eps)
-        return self.down(ops.silu_and_mul(self.gate_up(h))), residual
+        return self.down(ops.gated_mlp(self.gate_up, h)), residual
 
 
 class LlamaForCausalLM(nn.Module):

@@ -65,6 +65,7 @@ class CpuKernels:
                             "prefill": _fn(lib.fleet_paged_prefill_vectorized, _I64, _I64, _I64, _I64)}
         self._linear = _fn(lib.fleet_linear, ctypes.c_int, _P, _I64, _I64, _I64, _I64, _P, _P, _P, _P, _P,
                            ctypes.c_int)
+        self._linear_silu_mul = _fn(lib.fleet_linear_silu_mul, _P, _I64, _I64, _I64, _P, _P, _P, ctypes.c_int)
         self._linear_supported = _fn(lib.fleet_linear_supported, ctypes.c_int)
         self._linear_tuning = _fn(lib.fleet_linear_tuning, ctypes.c_int, ctypes.c_int)
         self._decode_tuning = _fn(lib.fleet_paged_decode_tuning, ctypes.c_int, ctypes.c_int)
@@ -206,6 +207,15 @@ class CpuKernels:
                           0 if w.scales is None else w.scales.data_ptr(), 0 if w.mins is None else w.mins.data_ptr(),
                           0 if bias is None else bias.data_ptr(), out.data_ptr(), torch.get_num_threads())
         _check("linear", rc == 0, f"a format and group the kernel serves (code {rc})")
+
+    def linear_silu_mul(self, x: torch.Tensor, w, bias: torch.Tensor | None, out: torch.Tensor) -> bool:
+        """out [M, N / 2] = silu(y[:, :N / 2]) * y[:, N / 2:], y = x W^T (+ bias), for a checked
+        f32 linear.PackedWeight ``w``; False (nothing written) where the fused kernel does not
+        serve the call (linear.c: f32, more than 8 rows, N / 2 a multiple of 32, AVX-512)."""
+        rc = self._linear_silu_mul(x.data_ptr(), x.shape[0], w.n, w.k, w.data.data_ptr(),
+                                   0 if bias is None else bias.data_ptr(), out.data_ptr(), torch.get_num_threads())
+        _check("linear_silu_mul", rc in (0, 1), f"scratch memory (code {rc})")
+        return rc == 0
 
     def linear_w8a8_supported(self) -> bool:
         """Whether the W8A8 kernel (AVX512_VNNI, or AVX2) runs here."""

@@ -1,7 +1,7 @@
 /* A decode step's decoder layers in one call: for rows that each feed one new token, every
  * layer of a Llama-family model (RMSNorm, fused q/k/v projection, RoPE, the K/V store,
- * paged attention, output projection, RMSNorm, fused gate/up projection, SiLU-and-mul,
- * down projection) runs here, back to back, on the kernels the per-op path calls one by
+ * paged attention, output projection, RMSNorm, fused gate/up projection, SiLU-and-mul
+ * (one call with the projection where linear.c's fleet_linear_silu_mul serves it), down projection) runs here, back to back, on the kernels the per-op path calls one by
  * one from Python (glue.c, linear.c, paged_decode.c).
  *
  * At batch 1 a layer's own work is ~0.2 ms of matmuls while the per-op path spends about
@@ -18,6 +18,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#define FMT_F32 0    /* linear.c's f32 format code */
 #define FMT_W8A8 4   /* after linear.c's f32, bf16, int8, int4: the W8A8 kernel (linear_w8a8.c) */
 
 typedef struct {        /* one packed projection (linear.py's PackedWeight) */
@@ -53,6 +54,8 @@ int fleet_linear_w8a8(const float *x, int64_t M, int64_t N, int64_t K, int64_t G
                       const float *scales, const int32_t *comps, const float *bias, float *out, int num_threads);
 int fleet_linear(int fmt, const float *x, int64_t M, int64_t N, int64_t K, int64_t G, const void *data,
                  const float *scales, const float *mins, const float *bias, float *out, int num_threads);
+int fleet_linear_silu_mul(const float *x, int64_t M, int64_t N, int64_t K, const void *data, const float *bias,
+                          float *out, int num_threads);
 
 /* Floats of scratch that fleet_decode_layers needs for n rows. */
 int64_t fleet_decode_scratch(const fleet_step_t *s) {
@@ -107,8 +110,13 @@ int fleet_decode_layers(const fleet_layer_t *layers, int64_t num_layers, const f
         if (rc) return 100 * (int)(i + 1) + 10 + rc;
         if ((rc = project(&L->o, attn, n, x, tmp, threads))) return 100 * (int)(i + 1) + rc;
         fleet_add_rms_norm_f32(x, residual, L->post_norm, normed, n, h, s->eps, threads);
-        if ((rc = project(&L->gate_up, normed, n, gu, tmp, threads))) return 100 * (int)(i + 1) + rc;
-        fleet_silu_mul_f32(gu, act, n, s->inter, threads);
+        /* The fused gate/up kernel where it serves the call (the same bits), else the two steps. */
+        const fleet_weight_t *gw = &L->gate_up;
+        if (gw->fmt != FMT_F32 || gw->input_scale
+            || fleet_linear_silu_mul(normed, n, gw->n, gw->k, gw->data, gw->bias, act, threads)) {
+            if ((rc = project(gw, normed, n, gu, tmp, threads))) return 100 * (int)(i + 1) + rc;
+            fleet_silu_mul_f32(gu, act, n, s->inter, threads);
+        }
         if ((rc = project(&L->down, act, n, x, tmp, threads))) return 100 * (int)(i + 1) + rc;
     }
     return 0;

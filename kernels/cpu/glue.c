@@ -79,9 +79,7 @@ int fleet_silu_mul_f32(const float *x, float *out, int64_t n, int64_t inter, int
         int64_t i = 0;
 #if defined(FLEET_SIMD)
         for (; i + 16 <= inter; i += 16) {
-            const vf gv = vf_load(g + i);
-            const vf e = vf_exp(vf_sub(vf_zero(), gv));
-            vf_store(o + i, vf_mul(vf_div(gv, vf_add(vf_set1(1.f), e)), vf_load(u + i)));
+            vf_store(o + i, vf_silu_mul(vf_load(g + i), vf_load(u + i)));
         }
 #endif
         for (; i < inter; i++) o[i] = g[i] / (1.f + expf(-g[i])) * u[i];

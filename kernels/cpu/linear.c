@@ -301,16 +301,16 @@ WIDE(5) WIDE(6) WIDE(7) WIDE(8) WIDE(9) WIDE(10) WIDE(11) WIDE(12)
 static const wide_fn wides[WB + 1] = {NULL, NULL, NULL, NULL, NULL, wide_5, wide_6,
                                       wide_7, wide_8, wide_9, wide_10, wide_11, wide_12};
 
-/* The M (> RB) rows of x against f32 tile i (its first `cols` channels), in passes of at
- * most WB rows; pf: the first pass prefetches (see above). */
-static void f32_tile_wide(const float *x, int64_t M, int64_t N, int64_t K, const void *data, int64_t i,
-                          const float *bias, float *out, int pf) {
+/* The M (> RB) rows of x against f32 tile i (its first `cols` channels) into out [M][ldo]
+ * (the tile's first column; bias: the tile's first channel, or NULL), in passes of at most WB
+ * rows; pf: the first pass prefetches (see above). */
+static void f32_tile_wide(const float *x, int64_t M, int64_t K, const void *data, int64_t i, int cols,
+                          const float *bias, float *out, int64_t ldo, int pf) {
     const float *w = (const float *)data + i * K * TILE;
-    const int cols = N - i * TILE < TILE ? (int)(N - i * TILE) : TILE;
     const int64_t passes = (M + WB - 1) / WB;
     for (int64_t p = 0, r0 = 0; p < passes; p++) {
         const int R = (int)((M - r0 + passes - p - 1) / (passes - p));
-        wides[R](x + r0 * K, K, w, K, bias ? bias + i * TILE : NULL, out + r0 * N + i * TILE, N, cols, pf && !p);
+        wides[R](x + r0 * K, K, w, K, bias, out + r0 * ldo, ldo, cols, pf && !p);
         r0 += R;
     }
 }
@@ -364,7 +364,9 @@ static void f32_pairs(const float *x, int64_t M, int64_t N, int64_t K, const voi
     #pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads)
     for (int64_t u = 0; u < pairs_n + tiles - 2 * pairs_n; u++) {
         if (u >= pairs_n) {   /* a tile left over: an odd one, or a last partial one */
-            f32_tile_wide(x, M, N, K, data, 2 * pairs_n + (u - pairs_n), bias, out, 0);
+            const int64_t t = 2 * pairs_n + (u - pairs_n);
+            const int cols = N - t * TILE < TILE ? (int)(N - t * TILE) : TILE;
+            f32_tile_wide(x, M, K, data, t, cols, bias ? bias + t * TILE : NULL, out + t * TILE, N, 0);
             continue;
         }
         const int64_t i = 2 * u;
@@ -476,7 +478,9 @@ int fleet_linear(int fmt, const float *x, int64_t M, int64_t N, int64_t K, int64
             }
 #if defined(FLEET_AVX512)
             if (WIDE_PATH(fmt, M)) {
-                f32_tile_wide(x, M, N, K, data, i, bias, out, M <= CONTIGUOUS_ROWS);
+                const int cols = N - i * TILE < TILE ? (int)(N - i * TILE) : TILE;
+                f32_tile_wide(x, M, K, data, i, cols, bias ? bias + i * TILE : NULL, out + i * TILE, N,
+                              M <= CONTIGUOUS_ROWS);
                 continue;
             }
 #endif
@@ -500,6 +504,42 @@ int fleet_linear(int fmt, const float *x, int64_t M, int64_t N, int64_t K, int64
     return failed;
 }
 
+/* out [M][N / 2] = silu(y[:, :N / 2]) * y[:, N / 2:], y = x W^T (+ b): a gate/up projection and
+ * the activation after it in one call (f32 weights, more than RB rows, N / 2 a multiple of
+ * TILE, AVX-512; else returns 1 and writes nothing: the caller takes fleet_linear and
+ * fleet_silu_mul_f32). A work item is gate tile j and up tile j + N / (2 TILE): both into a
+ * thread's [M][TILE] scratch pair by f32_tile_wide, as fleet_linear computes them (the same
+ * bits), then vf_silu_mul as glue.c applies it, straight into out. So the [M][N] product
+ * never goes through memory and back. */
+int fleet_linear_silu_mul(const float *x, int64_t M, int64_t N, int64_t K, const void *data, const float *bias,
+                          float *out, int num_threads) {
+#if defined(FLEET_AVX512)
+    const int64_t half = N / 2, items = half / TILE;
+    if (M <= RB || K < 1 || N % 2 || half % TILE || items < 1) return 1;
+    int failed = 0;
+    #pragma omp parallel num_threads(num_threads) if (items > 1)
+    {
+        float *g = aligned_alloc(64, (size_t)M * 2 * TILE * sizeof(float)), *u = g ? g + M * TILE : NULL;
+        if (!g) failed = 3;
+        #pragma omp for schedule(dynamic, 1)
+        for (int64_t j = 0; j < items; j++) {
+            if (!g) continue;
+            f32_tile_wide(x, M, K, data, j, TILE, bias ? bias + j * TILE : NULL, g, TILE, 0);
+            f32_tile_wide(x, M, K, data, items + j, TILE, bias ? bias + half + j * TILE : NULL, u, TILE, 0);
+            for (int64_t r = 0; r < M; r++)
+                for (int c = 0; c < TILE; c += 16)
+                    vf_store(out + r * half + j * TILE + c,
+                             vf_silu_mul(vf_load(g + r * TILE + c), vf_load(u + r * TILE + c)));
+        }
+        free(g);
+    }
+    return failed;
+#else
+    (void)x; (void)M; (void)N; (void)K; (void)data; (void)bias; (void)out; (void)num_threads;
+    return 1;
+#endif
+}
+
 #else   /* no AVX-512 or AVX2: the callers keep their torch path */
 
 int fleet_linear_supported(int fmt) { (void)fmt; return 0; }
@@ -510,6 +550,12 @@ int fleet_linear(int fmt, const float *x, int64_t M, int64_t N, int64_t K, int64
                  const float *scales, const float *mins, const float *bias, float *out, int num_threads) {
     (void)fmt; (void)x; (void)M; (void)N; (void)K; (void)G; (void)data; (void)scales; (void)mins;
     (void)bias; (void)out; (void)num_threads;
+    return 1;
+}
+
+int fleet_linear_silu_mul(const float *x, int64_t M, int64_t N, int64_t K, const void *data, const float *bias,
+                          float *out, int num_threads) {
+    (void)x; (void)M; (void)N; (void)K; (void)data; (void)bias; (void)out; (void)num_threads;
     return 1;
 }
 #endif

@@ -258,6 +258,19 @@ def linear(x: torch.Tensor, w: PackedWeight, bias: torch.Tensor | None = None,
     return out
 
 
+def linear_silu_mul(x: torch.Tensor, w: PackedWeight, bias: torch.Tensor | None = None) -> torch.Tensor | None:
+    """silu(y[:, :N / 2]) * y[:, N / 2:] for y = ``linear(x, w, bias)`` (a gate/up projection and
+    its activation), [M, N / 2] float32, in one kernel call that never writes y: the same bits
+    as ``linear`` then the ``cpu`` backend's silu_and_mul. None where that kernel does not
+    serve the call (not f32, 8 rows or fewer, N / 2 not a multiple of 32, no AVX-512): the
+    caller takes the two steps then."""
+    if w.fmt != "f32" or not supported("f32") or x.shape[0] <= 8 or w.n % (2 * TILE):
+        return None
+    _check_call(x, w, bias, None)
+    out = torch.empty(x.shape[0], w.n // 2, dtype=torch.float32)
+    return out if _library().linear_silu_mul(x, w, bias, out) else None
+
+
 def quantize_rows(x: torch.Tensor, group: int | None = None) -> torch.Tensor:
     """x [M, K] -> the float32 values W8A8 multiplies: round(x / s) * s, s = max|x| / 127 over each
     row, or over each ``group`` of input features of a row (a divisor of K)."""

@@ -218,5 +218,11 @@ AI vf vf_exp(vf x) {
     return vf_scale2(p, n);
 }
 
+/* silu(g) * u as glue.c's fleet_silu_mul_f32 computes it (one formula: the fused gate/up
+ * projection of linear.c gives the same bits). */
+AI vf vf_silu_mul(vf g, vf u) {
+    return vf_mul(vf_div(g, vf_add(vf_set1(1.f), vf_exp(vf_sub(vf_zero(), g)))), u);
+}
+
 #endif
 #endif

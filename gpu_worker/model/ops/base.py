@@ -21,10 +21,18 @@ class ModelOps:
     # (q, k, rope context) -> (q, k) rotated; may rotate in place (the cpu backend does)
     rope: Callable[[torch.Tensor, torch.Tensor, Any], tuple[torch.Tensor, torch.Tensor]]
     silu_and_mul: Callable[[torch.Tensor], torch.Tensor]
+    # (gate_up projection, x) -> silu(gate) * up: the projection and its activation, which a
+    # backend may compute in one kernel (the cpu one does for packed f32 weights)
+    gated_mlp: Callable[[nn.Module, torch.Tensor], torch.Tensor]
     # AttentionMetadata -> plan shared by all layers of one forward
     plan_attention: Callable[[Any], Any]
     # (q, k, v, k_cache, v_cache, plan, scale) -> out [num_tokens, heads, head_dim]
     attention: Callable[..., torch.Tensor]
+
+
+def project_then(act: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[nn.Module, torch.Tensor], torch.Tensor]:
+    """``gated_mlp`` as two steps: the projection, then ``act`` over its output."""
+    return lambda proj, x: act(proj(x))
 
 
 class Linear(nn.Module):

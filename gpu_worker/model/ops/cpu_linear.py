@@ -112,6 +112,14 @@ class CpuPackedLinear(nn.Module):
             return packed_linear.linear_w8a8(x, self.packed, self.bias)
         return packed_linear.linear(x, self.packed, self.bias)
 
+    def silu_mul(self, x: torch.Tensor) -> torch.Tensor | None:
+        """silu(gate) * up of this gate/up projection's output ([n, out / 2]) in one fused kernel
+        call (``linear.linear_silu_mul``: the same bits as ``forward`` then the ``cpu``
+        backend's silu_and_mul); None where that kernel does not serve x (take the two steps)."""
+        if self.input_scale is not None or x.dtype != torch.float32 or not x.is_contiguous():
+            return None
+        return packed_linear.linear_silu_mul(x, self.packed, self.bias)
+
     def __deepcopy__(self, memo: dict) -> CpuPackedLinear:
         # The packed weight is never written after load, so a copy (a self-drafter's) shares it.
         new = CpuPackedLinear(self.packed, self.bias, self.input_scale)

@@ -12,6 +12,7 @@ import torch
 from gpu_worker.model.attention import cpu_paged_attention, plan_native_attention
 from gpu_worker.model.ops import torch_ops
 from gpu_worker.model.ops.base import ModelOps
+from gpu_worker.model.ops.cpu_linear import CpuPackedLinear
 from gpu_worker.model.ops.cpu_native import loaded_kernels
 
 
@@ -47,4 +48,15 @@ def silu_and_mul(x):
     return out
 
 
-CPU_OPS = ModelOps("cpu", add_rms_norm, prepare_rope, rope, silu_and_mul, plan_native_attention, cpu_paged_attention)
+def gated_mlp(proj, x):
+    """The packed f32 gate/up projection and its activation in one kernel where it serves x
+    (more than 8 rows: the [n, 2I] product never goes through memory); else the two steps,
+    as for a projection with hooks (calibration observes its inputs through its call)."""
+    if (type(proj) is CpuPackedLinear and not (proj._forward_hooks or proj._forward_pre_hooks)
+            and (act := proj.silu_mul(x)) is not None):
+        return act
+    return silu_and_mul(proj(x))
+
+
+CPU_OPS = ModelOps("cpu", add_rms_norm, prepare_rope, rope, silu_and_mul, gated_mlp, plan_native_attention,
+                   cpu_paged_attention)

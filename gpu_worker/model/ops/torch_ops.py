@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from gpu_worker.model.attention import cpu_paged_attention, plan_cpu_attention
-from gpu_worker.model.ops.base import ModelOps
+from gpu_worker.model.ops.base import ModelOps, project_then
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -55,5 +55,5 @@ def silu_and_mul(x):
     return F.silu(gate).mul_(up)
 
 
-TORCH_OPS = ModelOps("torch", add_rms_norm, prepare_rope, rope, silu_and_mul,
+TORCH_OPS = ModelOps("torch", add_rms_norm, prepare_rope, rope, silu_and_mul, project_then(silu_and_mul),
                      plan_cpu_attention, cpu_paged_attention)

@@ -18,7 +18,7 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 import kernels
-from gpu_worker.model.ops.base import ModelOps
+from gpu_worker.model.ops.base import ModelOps, project_then
 
 
 @dataclass(frozen=True)
@@ -101,4 +101,5 @@ def _rope(q, k, ctx):
 
 
 TRITON_OPS = ModelOps("triton", kernels.fused_add_rmsnorm, _prepare_rope, _rope, kernels.silu_and_mul,
+                      project_then(kernels.silu_and_mul),
                       plan_triton_attention, triton_attention)
