@@ -476,15 +476,14 @@ int fleet_linear(int fmt, const float *x, int64_t M, int64_t N, int64_t K, int64
                 t = (tile_t){buf, NULL, NULL, K, 0, NULL, {NULL, 0}};
                 f = FMT_F32;
             }
+            const int cols = N - i * TILE < TILE ? (int)(N - i * TILE) : TILE;
 #if defined(FLEET_AVX512)
             if (WIDE_PATH(fmt, M)) {
-                const int cols = N - i * TILE < TILE ? (int)(N - i * TILE) : TILE;
                 f32_tile_wide(x, M, K, data, i, cols, bias ? bias + i * TILE : NULL, out + i * TILE, N,
                               M <= CONTIGUOUS_ROWS);
                 continue;
             }
 #endif
-            const int cols = N - i * TILE < TILE ? (int)(N - i * TILE) : TILE;
 #if defined(FLEET_AVX2)
             if (!direct && (fmt == FMT_F32 || M >= DECODED_HALF_ROWS)) {   /* the tile is in the buffer */
                 f32_tile_rows(x, M, K, t.data, bias ? bias + i * TILE : NULL, out + i * TILE, N, cols);
