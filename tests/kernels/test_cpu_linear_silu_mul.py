@@ -21,15 +21,23 @@ def _two_steps(x: torch.Tensor, w: L.PackedWeight, bias: torch.Tensor | None) ->
 @needs_avx512
 @pytest.mark.parametrize("rows", [9, 12, 13, 48, 49, 300])
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_fused_gate_up_is_the_same_bits_as_the_two_steps(rows, with_bias):
+@pytest.mark.parametrize("pairs", [False, True])
+def test_fused_gate_up_is_the_same_bits_as_the_two_steps(rows, with_bias, pairs):
+    """Both ways past 48 rows (the f32 pairs tuning, on by default on Intel only): each fused
+    path gives the bits of the two steps under the same tuning."""
     gen = torch.Generator().manual_seed(rows)
     inter, k = 96, 80
     w = L.pack_f32(torch.randn(2 * inter, k, generator=gen))
     bias = torch.randn(2 * inter, generator=gen) if with_bias else None
     x = torch.randn(rows, k, generator=gen) * 3
-    fused = L.linear_silu_mul(x, w, bias)
-    assert fused is not None and fused.shape == (rows, inter)
-    assert torch.equal(fused, _two_steps(x, w, bias))
+    previous = L.tuning()
+    try:
+        assert L.tuning(f32_pairs=pairs)["f32_pairs"] is pairs
+        fused = L.linear_silu_mul(x, w, bias)
+        assert fused is not None and fused.shape == (rows, inter)
+        assert torch.equal(fused, _two_steps(x, w, bias))
+    finally:
+        L.tuning(**previous)
 
 
 @pytest.mark.parametrize("rows,n,fmt", [(8, 128, "f32"), (1, 128, "f32"), (16, 96, "f32"), (16, 128, "bf16")])
