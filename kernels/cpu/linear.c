@@ -253,26 +253,31 @@ static void f32_tile_rows(const float *x, int64_t M, int64_t K, const float *w, 
  * ceil(M / WB) passes of near-equal size, R <= WB rows each: R x 32 accumulators (24 of
  * the 32 zmm registers at 12 rows), each weight vector loaded once a pass. A single pass
  * (9-12 rows) reads the tile from memory once at 24 multiply-adds per 128 bytes, where blocks
- * of 8 and 4 rows read it twice. Up to CONTIGUOUS_ROWS rows the first pass prefetches its own
- * stream WIDE_AHEAD bytes ahead into L2 (the tiles of a thread follow one another then:
- * tile_chunk), so the memory keeps streaming while the later passes compute from L2.
- * In-process A/B on a 2-core AMD EPYC Zen 4 (family 25 model 17), SmolLM2's 120 projections
- * back to back as in a decode step, alternating, medians of 11: 12 rows 0.70x the time of
- * the blocks of 8 and 4 (19.5 -> 13.7 ms), 9 rows 0.82x, 48 rows 0.92x. The prefetch in the
- * first of several passes (13-48 rows) pays where memory is slow: 0.91x at 20 rows, 0.94x
- * at 28, 0.95-0.97x at 36-48 (11 of 11 pairs faster) in a process whose 1-row pass took 15 ms,
- * level (within 2 %) in two processes with faster memory; level at 16 rows and past 48. */
+ * of 8 and 4 rows read it twice. In-process A/B on a 2-core AMD EPYC Zen 4 (family 25 model
+ * 17), SmolLM2's 120 projections back to back as in a decode step, alternating, medians of
+ * 11: 12 rows 0.70x the time of the blocks of 8 and 4 (19.5 -> 13.7 ms), 9 rows 0.82x, 48
+ * rows 0.92x.
+ *
+ * Prefetch, up to CONTIGUOUS_ROWS rows (a thread's tiles follow one another then: tile_chunk),
+ * into L2: a single pass runs WIDE_AHEAD bytes ahead of its own stream; with P passes, pass p
+ * fetches the p-th P-th of the NEXT tile, spread over its k, so that the memory streams
+ * through every pass of a tile, the later ones computing from L2, rather than only through
+ * the first. In-process A/B on a 2-core Intel Xeon (family 6 model 207), the 120 projections
+ * as above with the fused gate/up (which prefetches the same way for its two tiles),
+ * alternating, medians of 9, against prefetching in the first pass only (and none in the
+ * fused gate/up): 0.81x the time at 9 rows, 0.86x at 12 and 13, 0.81x at 16, 0.88x at 24,
+ * 0.74x at 32, 0.88x at 48 (9 of 9 pairs faster but at 48 rows: 7). Into L1, or two tiles
+ * ahead: no better. */
 #define WB 12
 #define WIDE_AHEAD 16384
+
 AI void wide_rows(const int R, const float *x, int64_t ldx, const float *w, int64_t K, const float *bias,
-                  float *out, int64_t ldo, int cols, const int pf) {
+                  float *out, int64_t ldo, int cols, const int pf, const char *pfa, int64_t pfstep) {
     vf acc[WB][2];
     for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = vf_zero();
     for (int64_t k = 0; k < K; k++) {
-        if (pf) {
-            _mm_prefetch((const char *)(w + k * TILE) + WIDE_AHEAD, _MM_HINT_T1);
-            _mm_prefetch((const char *)(w + k * TILE) + WIDE_AHEAD + 64, _MM_HINT_T1);
-        }
+        if (pf)
+            for (int64_t o = 0; o < pfstep; o += 64) _mm_prefetch(pfa + k * pfstep + o, _MM_HINT_T1);
         vf w0 = vf_load(w + k * TILE), w1 = vf_load(w + k * TILE + 16);
         VF_IN_REG(w0);
         VF_IN_REG(w1);
@@ -289,12 +294,13 @@ AI void wide_rows(const int R, const float *x, int64_t ldx, const float *w, int6
         vf_store_mask(out + r * ldo + 16, m1, vf_add(acc[r][1], b1));
     }
 }
-typedef void (*wide_fn)(const float *, int64_t, const float *, int64_t, const float *, float *, int64_t, int, int);
+typedef void (*wide_fn)(const float *, int64_t, const float *, int64_t, const float *, float *, int64_t, int,
+                        const char *, int64_t);
 #define WIDE(R)                                                                                         \
     static void wide_##R(const float *x, int64_t ldx, const float *w, int64_t K, const float *bias,     \
-                         float *out, int64_t ldo, int cols, int pf) {                                   \
-        if (pf) wide_rows(R, x, ldx, w, K, bias, out, ldo, cols, 1);                                    \
-        else wide_rows(R, x, ldx, w, K, bias, out, ldo, cols, 0);                                       \
+                         float *out, int64_t ldo, int cols, const char *pfa, int64_t pfstep) {          \
+        if (pfa) wide_rows(R, x, ldx, w, K, bias, out, ldo, cols, 1, pfa, pfstep);                      \
+        else wide_rows(R, x, ldx, w, K, bias, out, ldo, cols, 0, NULL, 0);                              \
     }
 WIDE(5) WIDE(6) WIDE(7) WIDE(8) WIDE(9) WIDE(10) WIDE(11) WIDE(12)
 /* A pass has at least 5 rows: more than RB rows split into passes of at most WB. */
@@ -307,10 +313,15 @@ static const wide_fn wides[WB + 1] = {NULL, NULL, NULL, NULL, NULL, wide_5, wide
 static void f32_tile_wide(const float *x, int64_t M, int64_t K, const void *data, int64_t i, int cols,
                           const float *bias, float *out, int64_t ldo, int pf) {
     const float *w = (const float *)data + i * K * TILE;
-    const int64_t passes = (M + WB - 1) / WB;
+    const int64_t passes = (M + WB - 1) / WB, bytes = K * TILE * (int64_t)sizeof(float);
+    const int64_t share = (bytes + passes - 1) / passes;   /* of the next tile, each pass */
     for (int64_t p = 0, r0 = 0; p < passes; p++) {
         const int R = (int)((M - r0 + passes - p - 1) / (passes - p));
-        wides[R](x + r0 * K, K, w, K, bias, out + r0 * ldo, ldo, cols, pf && !p);
+        const char *pfa = NULL;
+        int64_t pfstep = 0;   /* bytes a k */
+        if (pf && passes == 1) pfa = (const char *)w + WIDE_AHEAD, pfstep = 2 * 64;
+        else if (pf) pfa = (const char *)w + bytes + p * share, pfstep = (share + K - 1) / K;
+        wides[R](x + r0 * K, K, w, K, bias, out + r0 * ldo, ldo, cols, pfa, pfstep);
         r0 += R;
     }
 }
@@ -554,11 +565,13 @@ int fleet_linear_silu_mul(const float *x, int64_t M, int64_t N, int64_t K, const
     {
         float *g = aligned_alloc(64, (size_t)M * 2 * TILE * sizeof(float)), *u = g ? g + M * TILE : NULL;
         if (!g) failed = 3;
-        #pragma omp for schedule(dynamic, 1)
+        const int64_t chunk = tile_chunk(items, M, omp_get_num_threads());
+        const int pf = M <= CONTIGUOUS_ROWS;
+        #pragma omp for schedule(dynamic, chunk)
         for (int64_t j = 0; j < items; j++) {
             if (!g) continue;
-            f32_tile_wide(x, M, K, data, j, TILE, bias ? bias + j * TILE : NULL, g, TILE, 0);
-            f32_tile_wide(x, M, K, data, items + j, TILE, bias ? bias + half + j * TILE : NULL, u, TILE, 0);
+            f32_tile_wide(x, M, K, data, j, TILE, bias ? bias + j * TILE : NULL, g, TILE, pf);
+            f32_tile_wide(x, M, K, data, items + j, TILE, bias ? bias + half + j * TILE : NULL, u, TILE, pf);
             for (int64_t r = 0; r < M; r++)
                 for (int c = 0; c < TILE; c += 16)
                     vf_store(out + r * half + j * TILE + c,
