@@ -64,7 +64,7 @@ def build_model(config: EngineConfig, cfg: ModelConfig, model_dir: Path, max_mod
     report_instructions(model)    # what computes each packed format here, once in the log
     install_fused_decode(model)   # when every projection is packed for the CPU kernels
     if config.greedy_screen:
-        install_greedy_head(model)   # when the LM head is packed f32 tiles and the CPU has AVX512_BF16
+        install_greedy_head(model)   # when the LM head is packed f32 tiles and the CPU has AVX-512
     return model
 
 

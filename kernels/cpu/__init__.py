@@ -71,8 +71,9 @@ class CpuKernels:
         self._decode_tuning = _fn(lib.fleet_paged_decode_tuning, ctypes.c_int, ctypes.c_int)
         self._w8a8 = _fn(lib.fleet_linear_w8a8, _P, _I64, _I64, _I64, _I64, _P, _P, _P, _P, _P, ctypes.c_int)
         self._w8a8_supported = _fn(lib.fleet_linear_w8a8_supported)
-        # The LM head's bf16 screen (greedy_head.c; kernels.cpu.greedy_head): AVX512_BF16 only.
-        self.bf16dot = bool(_fn(lib.fleet_bf16dot_supported)())
+        # The LM head's bf16 screen (greedy_head.c; kernels.cpu.greedy_head): "native" on
+        # AVX512_BF16, "widened" (bf16 widened to float32 multiply-adds) on other AVX-512 CPUs, else None.
+        self.bf16dot = {1: "native", 2: "widened"}.get(_fn(lib.fleet_bf16dot_supported)())
         self._bf16dot = _fn(lib.fleet_bf16dot, _P, _I64, _I64, _I64, _P, _P, _P, ctypes.c_int)
         self._candidates = _fn(lib.fleet_head_candidates, _P, _I64, _I64, _P, _P, ctypes.c_float, ctypes.c_double,
                                _I64, _P, _P, ctypes.c_int)
@@ -233,7 +234,7 @@ class CpuKernels:
         """out [M, n] = bf16(x) [M, K] . w, w packed by greedy_head.pack_pairs; checked by the caller."""
         rc = self._bf16dot(x.data_ptr(), x.shape[0], n, x.shape[1], w.data_ptr(), xpairs.data_ptr(), out.data_ptr(),
                            torch.get_num_threads())
-        _check("bf16_dot", rc == 0, f"AVX512_BF16 and an even K (code {rc})")
+        _check("bf16_dot", rc == 0, f"AVX-512 and an even K (code {rc})")
 
     def head_candidates(self, approx: torch.Tensor, xnorm: torch.Tensor, wnorm: torch.Tensor, wmax: float,
                         c: float, idx: torch.Tensor, count: torch.Tensor) -> bool:
@@ -241,7 +242,7 @@ class CpuKernels:
         has more than cap of them or a value that is not finite."""
         rc = self._candidates(approx.data_ptr(), approx.shape[0], approx.shape[1], xnorm.data_ptr(), wnorm.data_ptr(),
                               wmax, c, idx.shape[1], idx.data_ptr(), count.data_ptr(), torch.get_num_threads())
-        _check("head_candidates", rc >= 0, "AVX512_BF16")
+        _check("head_candidates", rc >= 0, "AVX-512")
         return rc == 0
 
 

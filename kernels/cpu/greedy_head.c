@@ -7,7 +7,9 @@
  * bf16: a pair of consecutive k of one channel in each 32-bit lane, 32 channels a tile. x is
  * rounded to bf16 (to nearest even) here. Half the bytes of the fp32 head and two
  * multiply-adds a lane per instruction, so the pass takes about half the fp32 matmul's time
- * at any row count.
+ * at any row count. On AVX-512 CPUs without AVX512_BF16 the same packed bytes are widened to
+ * float32 in registers and multiplied there (exact products of two bf16 values): half the
+ * bytes, the fp32 matmul's multiply-adds, so it pays only where the head is memory-bound.
  *
  * fleet_head_candidates: given approx, |x| (each row's 2-norm), |w_j| (each channel's) and c,
  * row m's candidates are the j with approx[m][j] + c |x_m| |w_j| >= approx[m][k] - c |x_m| |w_k|,
@@ -24,10 +26,18 @@
 
 #include "linear.h"
 
-#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#if defined(__AVX512F__)
 #include <immintrin.h>
+#define SCREEN 1    /* the screen runs: natively with AVX512_BF16, else widened to float32 */
+#if defined(__AVX512BF16__)
 #define BF16DOT 1
 #define HB_ROWS 8   /* rows per register block: 8 x 2 accumulators */
+#else
+#define HB_ROWS 6   /* 6 x 4 accumulators */
+#ifndef SCREEN_AHEAD
+#define SCREEN_AHEAD 32768
+#endif
+#endif
 
 /* float -> bf16 bits, round to nearest even (torch's .bfloat16() for finite values). */
 static inline uint16_t bf16_bits(float f) {
@@ -35,6 +45,9 @@ static inline uint16_t bf16_bits(float f) {
     memcpy(&u, &f, 4);
     return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
+#endif
+
+#if defined(BF16DOT)
 
 /* R rows of xp (pairs [R][K/2]) against one tile wt [K/2][32][2]: 32 channels into out. */
 static inline __attribute__((always_inline)) void tile_rows(const int R, const uint32_t *xp, int64_t KP,
@@ -66,32 +79,84 @@ typedef void (*rows_fn)(const uint32_t *, int64_t, const uint16_t *, float *, in
 ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6) ROWS(7) ROWS(8)
 static const rows_fn row_blocks[HB_ROWS + 1] = {NULL, rows_1, rows_2, rows_3, rows_4, rows_5, rows_6, rows_7,
                                                 rows_8};
+#elif defined(SCREEN)
+/* AVX-512 without AVX512_BF16: the same packed pairs, each lane's two bf16 widened to float32
+ * (the even k by a shift, the odd by a mask: exact) and multiplied into x's bf16 values, held
+ * as float32 (xr [R][K]; exact products), with the even and the odd k in accumulators of
+ * their own. Twice the multiply-adds of vdpbf16ps, the same bytes: it pays where the head is
+ * memory-bound, few rows (greedy_head.py's max_rows). */
+static inline __attribute__((always_inline)) void tile_rows(const int R, const float *xr, int64_t KP,
+                                                          const uint16_t *wt, float *out, int64_t ldo, int cols) {
+    const __m512i hi = _mm512_set1_epi32((int)0xFFFF0000u);
+    __m512 acc[HB_ROWS][4];
+    for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = acc[r][2] = acc[r][3] = _mm512_setzero_ps();
+    for (int64_t kp = 0; kp < KP; kp++) {
+        _mm_prefetch((const char *)(wt + kp * 64) + SCREEN_AHEAD, _MM_HINT_T1);
+        _mm_prefetch((const char *)(wt + kp * 64) + SCREEN_AHEAD + 64, _MM_HINT_T1);
+        const __m512i w0 = _mm512_loadu_si512(wt + kp * 64), w1 = _mm512_loadu_si512(wt + kp * 64 + 32);
+        const __m512 e0 = _mm512_castsi512_ps(_mm512_slli_epi32(w0, 16)), o0 = _mm512_castsi512_ps(_mm512_and_si512(w0, hi));
+        const __m512 e1 = _mm512_castsi512_ps(_mm512_slli_epi32(w1, 16)), o1 = _mm512_castsi512_ps(_mm512_and_si512(w1, hi));
+        for (int r = 0; r < R; r++) {
+            const __m512 xe = _mm512_set1_ps(xr[r * 2 * KP + 2 * kp]), xo = _mm512_set1_ps(xr[r * 2 * KP + 2 * kp + 1]);
+            acc[r][0] = _mm512_fmadd_ps(xe, e0, acc[r][0]);
+            acc[r][1] = _mm512_fmadd_ps(xo, o0, acc[r][1]);
+            acc[r][2] = _mm512_fmadd_ps(xe, e1, acc[r][2]);
+            acc[r][3] = _mm512_fmadd_ps(xo, o1, acc[r][3]);
+        }
+    }
+    const __mmask16 m0 = cols >= 16 ? 0xFFFF : (__mmask16)((1u << cols) - 1u);
+    const __mmask16 m1 = cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : (__mmask16)((1u << (cols - 16)) - 1u);
+    for (int r = 0; r < R; r++) {
+        _mm512_mask_storeu_ps(out + r * ldo, m0, _mm512_add_ps(acc[r][0], acc[r][1]));
+        _mm512_mask_storeu_ps(out + r * ldo + 16, m1, _mm512_add_ps(acc[r][2], acc[r][3]));
+    }
+}
+
+typedef void (*rows_fn)(const float *, int64_t, const uint16_t *, float *, int64_t, int);
+#define ROWS(R) \
+    static void rows_##R(const float *xr, int64_t KP, const uint16_t *wt, float *out, int64_t ldo, int cols) { \
+        tile_rows(R, xr, KP, wt, out, ldo, cols); \
+    }
+ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6)
+static const rows_fn row_blocks[HB_ROWS + 1] = {NULL, rows_1, rows_2, rows_3, rows_4, rows_5, rows_6};
 #endif
 
+/* 1: the screen runs on AVX512_BF16; 2: on AVX-512 without it (the float32 widening above); 0: not at all. */
 int fleet_bf16dot_supported(void) {
 #if defined(BF16DOT)
     return 1;
+#elif defined(SCREEN)
+    return 2;
 #else
     return 0;
 #endif
 }
 
-/* approx [M][N] = bf16(x [M][K]) . w (packed as above; K even). xpairs: scratch of M * K / 2
- * uint32. Returns 0, or -1 where the kernel does not run (no AVX512_BF16), -2 for an odd K. */
+/* approx [M][N] = bf16(x [M][K]) . w (packed as above; K even). xpairs: scratch of M * K
+ * uint32 (x's bf16 pairs, or x's bf16 values as float32). Returns 0, or -1 where the kernel
+ * does not run (no AVX-512), -2 for an odd K. */
 int fleet_bf16dot(const float *x, int64_t M, int64_t N, int64_t K, const uint16_t *w, uint32_t *xpairs,
                   float *approx, int num_threads) {
-#if defined(BF16DOT)
+#if defined(SCREEN)
     if (K % 2) return -2;
     const int64_t KP = K / 2, tiles = (N + TILE - 1) / TILE;
+#if defined(BF16DOT)
     for (int64_t i = 0; i < M * KP; i++)
         xpairs[i] = (uint32_t)bf16_bits(x[2 * i]) | (uint32_t)bf16_bits(x[2 * i + 1]) << 16;
+    const uint32_t *xs = xpairs;
+    const int64_t xstride = KP;
+#else
+    for (int64_t i = 0; i < M * K; i++) xpairs[i] = (uint32_t)bf16_bits(x[i]) << 16;
+    const float *xs = (const float *)xpairs;
+    const int64_t xstride = K;
+#endif
     #pragma omp parallel for schedule(static) num_threads(num_threads)
     for (int64_t t = 0; t < tiles; t++) {
         const uint16_t *wt = w + t * KP * TILE * 2;
         const int cols = N - t * TILE < TILE ? (int)(N - t * TILE) : TILE;
         for (int64_t r0 = 0; r0 < M; r0 += HB_ROWS) {
             const int R = M - r0 < HB_ROWS ? (int)(M - r0) : HB_ROWS;
-            row_blocks[R](xpairs + r0 * KP, KP, wt, approx + r0 * N + t * TILE, N, cols);
+            row_blocks[R](xs + r0 * xstride, KP, wt, approx + r0 * N + t * TILE, N, cols);
         }
     }
     return 0;
@@ -107,7 +172,7 @@ int fleet_bf16dot(const float *x, int64_t M, int64_t N, int64_t K, const uint16_
  * full head); -1 where the kernel does not run. */
 int fleet_head_candidates(const float *approx, int64_t M, int64_t N, const float *xnorm, const float *wnorm,
                           float wmax, double c, int64_t cap, int64_t *idx, int64_t *count, int num_threads) {
-#if defined(BF16DOT)
+#if defined(SCREEN)
     int failed = 0;
     #pragma omp parallel for schedule(static) num_threads(num_threads) reduction(| : failed)
     for (int64_t m = 0; m < M; m++) {

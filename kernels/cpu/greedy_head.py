@@ -22,7 +22,10 @@ candidate. So the token is the one the full fp32 head gives, not an approximatio
 
 It returns None (the caller then takes the full head) where the screen cannot decide: a
 row with a non-finite value or a tiny |x|, more than ``cap`` candidates, or a union too
-large to be worth it; and it is not built where the CPU lacks AVX512_BF16.
+large to be worth it; and it is not built where the CPU lacks AVX-512. On AVX-512 CPUs
+without AVX512_BF16 the screen widens the bf16 values to float32 and multiplies them there
+(:func:`mode` "widened"): the same bytes, so it pays where the head is memory-bound, but the
+fp32 head's multiply-adds, so not past a few rows; ``max_rows`` then declines larger calls.
 """
 from __future__ import annotations
 
@@ -36,10 +39,16 @@ U_BF16, U_F32 = 2.0 ** -8, 2.0 ** -24
 MIN_NORM = 1e-12   # |x| below this, or |w_j| raised to it: vdpbf16ps flushes denormals (absolute errors)
 
 
-def available() -> bool:
-    """The C kernels built and this CPU has AVX512_BF16 (the screen's dot products)."""
+def mode() -> str | None:
+    """How the screen's dot products run here: "native" (AVX512_BF16), "widened" (other AVX-512
+    CPUs: bf16 widened to float32 multiply-adds), or None (no AVX-512, or no C kernels)."""
     lib = process_kernels()
-    return lib is not None and lib.bf16dot
+    return None if lib is None else lib.bf16dot
+
+
+def available() -> bool:
+    """The C kernels built and the screen runs on this CPU (:func:`mode`)."""
+    return mode() is not None
 
 
 def pack_pairs(w: torch.Tensor) -> torch.Tensor:
@@ -67,11 +76,12 @@ class GreedyHead:
     ``packed``, the f32 PackedWeight the engine's head computes with)."""
 
     def __init__(self, weight: torch.Tensor, packed: packed_linear.PackedWeight, cap: int = 1024,
-                 max_union: float = 0.125) -> None:
+                 max_union: float = 0.125, max_rows: int | None = None) -> None:
         if packed.fmt != "f32" or tuple(weight.shape) != (packed.n, packed.k):
             raise ValueError("GreedyHead screens an f32-packed head of the weight's shape")
         if not available():
-            raise RuntimeError("the bf16 screen needs the C kernels and AVX512_BF16")
+            raise RuntimeError("the bf16 screen needs the C kernels and AVX-512")
+        self.max_rows = max_rows   # calls of more rows are declined (argmax None): the full head is faster
         self.lib = process_kernels()
         self.weight = weight.detach().float().contiguous()
         self.n, self.k = packed.n, packed.k
@@ -90,11 +100,11 @@ class GreedyHead:
         """Buffers for m rows: approx [m, V], xpairs, idx [m, cap], count [m]."""
         if m > self._rows:
             self._rows = m
-            self._scratch = {"approx": torch.empty(m * self.n), "xpairs": torch.empty(m * self.k // 2, dtype=torch.int32),
+            self._scratch = {"approx": torch.empty(m * self.n), "xpairs": torch.empty(m * self.k, dtype=torch.int32),
                              "idx": torch.empty(m * self.cap, dtype=torch.int64),
                              "count": torch.empty(m, dtype=torch.int64)}
         s = self._scratch
-        return {"approx": s["approx"][:m * self.n].view(m, self.n), "xpairs": s["xpairs"][:m * self.k // 2],
+        return {"approx": s["approx"][:m * self.n].view(m, self.n), "xpairs": s["xpairs"][:m * self.k],
                 "idx": s["idx"][:m * self.cap].view(m, self.cap), "count": s["count"][:m]}
 
     def approx(self, x: torch.Tensor, bufs: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
@@ -102,7 +112,7 @@ class GreedyHead:
         x = x.float().contiguous()
         if bufs is None:
             bufs = {"approx": torch.empty(x.shape[0], self.n),
-                    "xpairs": torch.empty(x.shape[0] * self.k // 2, dtype=torch.int32)}
+                    "xpairs": torch.empty(x.shape[0] * self.k, dtype=torch.int32)}
         self.lib.bf16_dot(x, self.pairs, self.n, bufs["xpairs"], bufs["approx"])
         return bufs["approx"]
 
@@ -127,6 +137,8 @@ class GreedyHead:
         would give it; None where the screen cannot decide (take the full head then)."""
         if x.shape[0] == 0:
             return []
+        if self.max_rows is not None and x.shape[0] > self.max_rows:
+            return None
         cands = self.candidates(x)
         if cands is None:
             return None

@@ -6,7 +6,7 @@ import pytest
 from gpu_worker import LLM, SamplingParams
 from kernels.cpu import greedy_head
 
-pytestmark = pytest.mark.skipif(not greedy_head.available(), reason="the bf16 screen needs AVX512_BF16")
+pytestmark = pytest.mark.skipif(not greedy_head.available(), reason="the bf16 screen needs AVX-512")
 
 PROMPTS = [[1, 500 + 7 * i, 900 + i, 40 + 3 * i] * (1 + i % 4) for i in range(12)]
 
@@ -65,3 +65,17 @@ def test_a_mixed_batch_gives_each_row_its_own_token(tiny_llama_dir):
     screened = LLM(tiny_llama_dir, kv_cache_memory=16 << 20).generate(PROMPTS, kinds)
     full = LLM(tiny_llama_dir, kv_cache_memory=16 << 20, greedy_screen=False).generate(PROMPTS, kinds)
     assert [o.token_ids for o in screened] == [o.token_ids for o in full]
+
+
+def test_steps_past_max_rows_compute_the_full_head(tiny_llama_dir):
+    # The widened screen (AVX-512 without AVX512_BF16) declines steps of more rows than
+    # max_rows, where the full head is as fast: those steps compute it, the rest do not, and
+    # every token is the full head's.
+    params = [SamplingParams(temperature=0, max_tokens=4 + i, ignore_eos=True) for i in range(len(PROMPTS))]
+    llm = LLM(tiny_llama_dir, kv_cache_memory=16 << 20)
+    llm.engine.model.greedy_head.max_rows = 5
+    calls = counting_full_head(llm)
+    got = [o.token_ids for o in llm.generate(PROMPTS, params)]
+    full = LLM(tiny_llama_dir, kv_cache_memory=16 << 20, greedy_screen=False)
+    assert got == [o.token_ids for o in full.generate(PROMPTS, params)]
+    assert calls and all(n > 5 for n in calls)   # the steps of 6-12 rows, and only those

@@ -9,7 +9,7 @@ from kernels.cpu import greedy_head
 from kernels.cpu import linear as packed_linear
 from kernels.cpu.greedy_head import GreedyHead, bound_factor, pack_pairs, reference_bf16_dot
 
-pytestmark = pytest.mark.skipif(not greedy_head.available(), reason="the bf16 screen needs AVX512_BF16")
+pytestmark = pytest.mark.skipif(not greedy_head.available(), reason="the bf16 screen needs AVX-512")
 
 
 def head(w: torch.Tensor, **kw) -> GreedyHead:

@@ -149,20 +149,38 @@ def pack_dense_for_cpu(model: nn.Module, fmt: str) -> int:
     return len(targets)
 
 
+# The widened screen (no AVX512_BF16) reads half the fp32 head's bytes but does its multiply-adds:
+# in-process A/B on a 2-core Intel Xeon (family 6 model 207), SmolLM2's head with the caches
+# flushed between calls, medians of 15, two runs: 0.67-0.75x the full head's time at 1 row,
+# 0.64-0.70x at 4, 0.79-0.83x at 8, 0.84-0.91x at 12, level at 16. Whole decode steps of the
+# engine (screen on and off in alternate steps, medians of 30): 0.95x at batch 1 and 4, 0.97x
+# at 8 and 12.
+WIDENED_MAX_ROWS = 12
+
+
 def install_greedy_head(model: nn.Module) -> bool:
     """Give a model whose LM head is packed f32 tiles a :class:`kernels.cpu.greedy_head.GreedyHead`
     (``model.greedy_head``: greedy rows' tokens from a bf16 screen and an exact recompute of
-    the few candidates, the same tokens as the full head) where the CPU has AVX512_BF16; the
-    log says which. Returns whether it did."""
+    the few candidates, the same tokens as the full head) where the CPU has AVX-512: with
+    AVX512_BF16 at any row count; without it (the screen widened to float32 multiply-adds)
+    up to WIDENED_MAX_ROWS rows, past which the full head is as fast. The log says which.
+    Returns whether it did."""
     head, packed = getattr(model, "lm_head", None), getattr(model, "packed_head", None)
     if not isinstance(packed, CpuPackedLinear) or packed.fmt != "f32" or packed.bias is not None \
             or not isinstance(head, torch.Tensor) or head.dtype != torch.float32 or head.shape[1] % 2:
         return False
-    if not greedy_head.available():
-        logger.info("greedy rows compute the whole fp32 LM head: the bf16 screen needs AVX512_BF16, "
-                    "which this CPU lacks")
+    mode = greedy_head.mode()
+    if mode is None:
+        logger.info("greedy rows compute the whole fp32 LM head: the bf16 screen needs AVX-512, "
+                    "which this CPU (or the C kernels' build) lacks")
         return False
-    model.greedy_head = greedy_head.GreedyHead(head, packed.packed)
-    logger.info("greedy rows take their token from a bf16 screen of the LM head (AVX512_BF16) and "
-                "the exact fp32 logits of its candidates")
+    max_rows = None if mode == "native" else WIDENED_MAX_ROWS
+    model.greedy_head = greedy_head.GreedyHead(head, packed.packed, max_rows=max_rows)
+    if mode == "native":
+        logger.info("greedy rows take their token from a bf16 screen of the LM head (AVX512_BF16) and "
+                    "the exact fp32 logits of its candidates")
+    else:
+        logger.info("greedy steps of up to %d rows take their token from a bf16 screen of the LM head, "
+                    "widened to float32 (this CPU lacks AVX512_BF16), and the exact fp32 logits of its "
+                    "candidates; larger steps compute the whole fp32 head", max_rows)
     return True
