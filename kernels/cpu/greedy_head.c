@@ -153,7 +153,7 @@ int fleet_bf16dot(const float *x, int64_t M, int64_t N, int64_t K, const uint16_
     #pragma omp parallel for schedule(static) num_threads(num_threads)
     for (int64_t t = 0; t < tiles; t++) {
         const uint16_t *wt = w + t * KP * TILE * 2;
-        const int cols = N - t * TILE < TILE ? (int)(N - t * TILE) : TILE;
+        const int cols = tile_cols(N, t);
         for (int64_t r0 = 0; r0 < M; r0 += HB_ROWS) {
             const int R = M - r0 < HB_ROWS ? (int)(M - r0) : HB_ROWS;
             row_blocks[R](xs + r0 * xstride, KP, wt, approx + r0 * N + t * TILE, N, cols);

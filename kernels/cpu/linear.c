@@ -377,7 +377,7 @@ static void f32_pairs(const float *x, int64_t M, int64_t N, int64_t K, const voi
     for (int64_t u = 0; u < pairs_n + tiles - 2 * pairs_n; u++) {
         if (u >= pairs_n) {   /* a tile left over: an odd one, or a last partial one */
             const int64_t t = 2 * pairs_n + (u - pairs_n);
-            const int cols = N - t * TILE < TILE ? (int)(N - t * TILE) : TILE;
+            const int cols = tile_cols(N, t);
             f32_tile_wide(x, M, K, data, t, cols, bias ? bias + t * TILE : NULL, out + t * TILE, N, 0);
             continue;
         }
@@ -489,7 +489,7 @@ int fleet_linear(int fmt, const float *x, int64_t M, int64_t N, int64_t K, int64
                 t = (tile_t){buf, NULL, NULL, K, 0, NULL, {NULL, 0}};
                 f = FMT_F32;
             }
-            const int cols = N - i * TILE < TILE ? (int)(N - i * TILE) : TILE;
+            const int cols = tile_cols(N, i);
 #if defined(FLEET_AVX512)
             if (WIDE_PATH(fmt, M)) {
                 f32_tile_wide(x, M, K, data, i, cols, bias ? bias + i * TILE : NULL, out + i * TILE, N,

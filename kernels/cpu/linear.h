@@ -8,6 +8,11 @@
 
 #define TILE 32        /* output channels per tile of a packed weight */
 
+/* The channels of tile i of an N-channel weight: TILE, or fewer in a last, partial tile. */
+static inline int tile_cols(int64_t N, int64_t i) {
+    return N - i * TILE < TILE ? (int)(N - i * TILE) : TILE;
+}
+
 /* The formats of fleet_linear (linear.py's FORMATS, in order). */
 enum { FMT_F32 = 0, FMT_BF16 = 1, FMT_INT8 = 2, FMT_INT4 = 3, FMT_COUNT = 4,
        FMT_CODES8 = 8 /* inside linear.c only: per-channel int8 codes, their scale applied after the K sum */ };

@@ -253,7 +253,7 @@ int fleet_linear_amx(const float *x, int64_t M, int64_t N, int64_t K, const void
                     for (int64_t i = g0; i < g1; i++) {
                         bf16_block(xb + r0 * K, vb + (i - g0) * K * TILE, K, c);
                         const int rows = M - r0 < 32 ? (int)(M - r0) : 32;
-                        const int cols = N - i * TILE < TILE ? (int)(N - i * TILE) : TILE;
+                        const int cols = tile_cols(N, i);
                         store_block(c, rows, cols, NULL, bias ? bias + i * TILE : NULL, out + r0 * N + i * TILE, N);
                     }
             }
@@ -328,7 +328,7 @@ int fleet_linear_amx_split(int fmt, const float *x, int64_t M, int64_t N, int64_
                         const uint16_t *vh = vb + (i - g0) * planes * K * TILE;
                         split_block(xb + r0 * K, xb + Mp * K + r0 * K, vh, channel ? NULL : vh + K * TILE, K, c);
                         const int rows = M - r0 < 32 ? (int)(M - r0) : 32;
-                        const int cols = N - i * TILE < TILE ? (int)(N - i * TILE) : TILE;
+                        const int cols = tile_cols(N, i);
                         store_block(c, rows, cols, channel ? scales + i * TILE : NULL, bias ? bias + i * TILE : NULL,
                                     out + r0 * N + i * TILE, N);
                     }
@@ -392,7 +392,7 @@ int fleet_w8a8_amx(const uint8_t *xu, const float *xs, int64_t M, int64_t N, int
                 for (int64_t i = g0; i < g1; i++) {
                     w8a8_block(xu + r0 * K, codes + i * K * TILE, K, c);
                     const int rows = M - r0 < 32 ? (int)(M - r0) : 32;
-                    const int cols = N - i * TILE < TILE ? (int)(N - i * TILE) : TILE;
+                    const int cols = tile_cols(N, i);
                     w8a8_store(c, rows, cols, xs + r0, scales + i * TILE, comps + i * TILE,
                                bias ? bias + i * TILE : NULL, out + r0 * N + i * TILE, N);
                 }

@@ -258,7 +258,7 @@ int fleet_linear_w8a8(const float *x, int64_t M, int64_t N, int64_t K, int64_t G
     const int64_t tiles = (N + TILE - 1) / TILE;
     #pragma omp parallel for schedule(static) num_threads(num_threads) if (tiles > 1 && M * N * K >= 65536)
     for (int64_t i = 0; i < tiles; i++) {
-        const int cols = N - i * TILE < TILE ? (int)(N - i * TILE) : TILE;
+        const int cols = tile_cols(N, i);
         for (int64_t r0 = 0; r0 < M; r0 += RB) {
             const int R = M - r0 < RB ? (int)(M - r0) : RB;
             w8a8_blocks[R](xu + r0 * K, K, G, xs + r0 * groups, codes + i * K * TILE, scales + i * TILE,
