@@ -26,8 +26,7 @@
 
 #include "linear.h"
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
+#if defined(FLEET_AVX512)
 #define SCREEN 1    /* the screen runs: natively with AVX512_BF16, else widened to float32 */
 #if defined(__AVX512BF16__)
 #define BF16DOT 1
@@ -63,8 +62,7 @@ static inline __attribute__((always_inline)) void tile_rows(const int R, const u
             acc[r][1] = _mm512_dpbf16_ps(acc[r][1], xb, (__m512bh)w1);
         }
     }
-    const __mmask16 m0 = cols >= 16 ? 0xFFFF : (__mmask16)((1u << cols) - 1u);
-    const __mmask16 m1 = cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : (__mmask16)((1u << (cols - 16)) - 1u);
+    const vm m0 = vm_first(cols), m1 = vm_first(cols - 16);
     for (int r = 0; r < R; r++) {
         _mm512_mask_storeu_ps(out + r * ldo, m0, acc[r][0]);
         _mm512_mask_storeu_ps(out + r * ldo + 16, m1, acc[r][1]);
@@ -104,8 +102,7 @@ static inline __attribute__((always_inline)) void tile_rows(const int R, const f
             acc[r][3] = _mm512_fmadd_ps(xo, o1, acc[r][3]);
         }
     }
-    const __mmask16 m0 = cols >= 16 ? 0xFFFF : (__mmask16)((1u << cols) - 1u);
-    const __mmask16 m1 = cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : (__mmask16)((1u << (cols - 16)) - 1u);
+    const vm m0 = vm_first(cols), m1 = vm_first(cols - 16);
     for (int r = 0; r < R; r++) {
         _mm512_mask_storeu_ps(out + r * ldo, m0, _mm512_add_ps(acc[r][0], acc[r][1]));
         _mm512_mask_storeu_ps(out + r * ldo + 16, m1, _mm512_add_ps(acc[r][2], acc[r][3]));

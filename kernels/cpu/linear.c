@@ -517,6 +517,14 @@ int fleet_linear(int fmt, const float *x, int64_t M, int64_t N, int64_t K, int64
 }
 
 #if defined(FLEET_AVX512)
+/* out[r][0..TILE) = silu(g[r]) * u[r] for R rows of one tile's gate and up results (row
+ * strides ld and ldo), as glue.c's silu_mul computes each element. */
+AI void silu_mul_rows(int64_t R, const float *g, const float *u, int64_t ld, float *out, int64_t ldo) {
+    for (int64_t r = 0; r < R; r++)
+        for (int c = 0; c < TILE; c += 16)
+            vf_store(out + r * ldo + c, vf_silu_mul(vf_load(g + r * ld + c), vf_load(u + r * ld + c)));
+}
+
 /* fleet_linear_silu_mul where fleet_linear takes f32_pairs: gate tile j and up tile j + items
  * as the pair, PB rows at a time into a [PB][2 TILE] block on the stack (gate channels, then
  * up), and the activation from there into out [M][items TILE]. The same bits as f32_pairs
@@ -535,10 +543,7 @@ static void f32_pairs_silu_mul(const float *x, int64_t M, int64_t K, const void 
             const int R = M - r0 < PB ? (int)(M - r0) : PB;
             pairs[R](x + r0 * K, K, wa, wb, K, bias ? bias + j * TILE : NULL, bias ? bias + half + j * TILE : NULL,
                      &y[0][0], 2 * TILE);
-            for (int r = 0; r < R; r++)
-                for (int c = 0; c < TILE; c += 16)
-                    vf_store(out + (r0 + r) * half + j * TILE + c,
-                             vf_silu_mul(vf_load(&y[r][c]), vf_load(&y[r][TILE + c])));
+            silu_mul_rows(R, &y[0][0], &y[0][TILE], 2 * TILE, out + r0 * half + j * TILE, half);
         }
     }
 }
@@ -572,10 +577,7 @@ int fleet_linear_silu_mul(const float *x, int64_t M, int64_t N, int64_t K, const
             if (!g) continue;
             f32_tile_wide(x, M, K, data, j, TILE, bias ? bias + j * TILE : NULL, g, TILE, pf);
             f32_tile_wide(x, M, K, data, items + j, TILE, bias ? bias + half + j * TILE : NULL, u, TILE, pf);
-            for (int64_t r = 0; r < M; r++)
-                for (int c = 0; c < TILE; c += 16)
-                    vf_store(out + r * half + j * TILE + c,
-                             vf_silu_mul(vf_load(g + r * TILE + c), vf_load(u + r * TILE + c)));
+            silu_mul_rows(M, g, u, TILE, out + j * TILE, half);
         }
         free(g);
     }
