@@ -86,6 +86,32 @@ def test_decode_prefetch_settings_change_speed_only():
         kernels.decode_tuning(prefetch_tiles=65)
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_each_sequence_gets_the_bits_it_gets_alone_whatever_the_batch(threads):
+    """Many rows go to the threads in contiguous shares, each sequence prefetching the next
+    one's first tiles; few go one KV head at a time. Either way a row's output is the bits it
+    gets in a batch of its own, empty contexts anywhere in the batch give zeros, and every
+    row is written (NaN-filled output)."""
+    lens = [0, 40, 300, 17, 0, 129, 1, 64, 16, 33, 250, 5, 0]
+    q, k_cache, v_cache, tables, seq_lens = _case(len(lens), 9, 3, 64, 16, lens, seed=6)
+    previous = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        tiles = kernels.decode_tuning()["prefetch_tiles"]
+        for ahead in (tiles, 1, 6):   # 6: the prefetch runs past short sequences into later ones
+            kernels.decode_tuning(prefetch_tiles=ahead)
+            out = kernels.paged_decode(q, k_cache, v_cache, tables, seq_lens, 0.125, torch.full_like(q, float("nan")))
+            for i in range(len(lens)):
+                alone = kernels.paged_decode(q[i:i + 1], k_cache, v_cache, tables[i:i + 1], seq_lens[i:i + 1], 0.125,
+                                             torch.full_like(q[i:i + 1], float("nan")))
+                assert torch.equal(out[i], alone[0]), (ahead, i)
+                if lens[i] == 0:
+                    assert torch.equal(out[i], torch.zeros_like(out[i]))
+    finally:
+        kernels.decode_tuning(prefetch_tiles=tiles)
+        torch.set_num_threads(previous)
+
+
 def test_the_simd_path_serves_the_common_shapes():
     if kernels.simd is None:
         pytest.skip("neither AVX-512 nor AVX2 here: the portable loops serve every shape")
