@@ -74,7 +74,7 @@ def report_forwards(steps: dict, runs: int) -> None:
         e = steps[(kind, b)]
         calls, per = e["calls"], 1e3 / e["calls"]
         seqs = e["rows"] if kind != "prefill" else calls   # decode: a row a sequence
-        print(f"{kind + ' ' + b:<22}{e['seconds'] / runs:>7.3f}{calls // runs:>7}{e['seconds'] * per:>9.2f}"
+        print(f"{kind + ' ' + b:<22}{e['seconds'] / runs:>7.3f}{int(calls) // runs:>7}{e['seconds'] * per:>9.2f}"
               f"{e['rows'] / calls:>7.1f}{e['context'] / seqs:>8.0f}" + "".join(f"{e[k] * per:>13.2f}" for k in INNER))
 
 
