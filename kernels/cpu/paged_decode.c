@@ -45,7 +45,7 @@
  * (/tmp harness, alternating, medians of 15): 34 sequences of 40-210 tokens 0.85x the time
  * (21.7 -> 25.5 GB/s of K/V), 64 of 16-60 0.61x (14.4 -> 23.4), 6 of 100-400 0.91x; the
  * same bits. Prefetching each head's share of the next tile in address order instead of
- * row by row was slower (0.83-0.89x of the gain). Built at first use by
+ * row by row read 0.83-0.89x the GB/s of this. Built at first use by
  * kernels/cpu/__init__.py with -O3 -march=native.
  */
 #include <float.h>
