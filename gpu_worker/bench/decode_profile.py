@@ -106,13 +106,21 @@ def profile(engine: EngineCore, timers: Timers, batch: int, steps: int) -> dict[
     return _breakdown(timers.seconds, timed, untimed, steps)
 
 
+# The parts timed inside the forward pass (per-op steps only; "plan" runs before it).
+INNER = ("matmul", "attention", "glue")
+
+
+def add_others(parts: dict[str, float]) -> dict[str, float]:
+    """``parts`` with "forward other" and "update other": what those timers leave after the
+    timed parts inside them (in the parts' own unit)."""
+    parts["forward other"] = parts.get("forward", 0.0) - sum(parts.get(k, 0.0) for k in INNER)
+    parts["update other"] = parts.get("update", 0.0) - parts.get("detokenize", 0.0)
+    return parts
+
+
 def _breakdown(s: dict[str, float], timed: float, untimed: list[float], steps: int) -> dict[str, float]:
-    """The parts as ms per step; "forward other" and "update other" are what their timers
-    leave after the timed parts inside them, "step other" what the whole step leaves."""
-    ms = {k: v * 1e3 / steps for k, v in s.items()}
-    inner = ("plan", "matmul", "attention", "glue")
-    ms["forward other"] = ms.get("forward", 0.0) - sum(ms.get(k, 0.0) for k in inner if k != "plan")
-    ms["update other"] = ms.get("update", 0.0) - ms.get("detokenize", 0.0)
+    """The parts as ms per step (``add_others``), and "step other", what the whole step leaves."""
+    ms = add_others({k: v * 1e3 / steps for k, v in s.items()})
     ms["step"], ms["untimed step"] = timed * 1e3 / steps, sum(untimed) * 1e3 / steps
     ms["untimed median"] = statistics.median(untimed) * 1e3
     top = ("schedule", "prepare", "plan", "forward", "lm head", "sample", "update")

@@ -19,7 +19,7 @@ import argparse
 import time
 from collections import defaultdict
 
-from gpu_worker.bench.decode_profile import PARTS, Timers, instrument
+from gpu_worker.bench.decode_profile import INNER, PARTS, Timers, add_others, instrument
 from gpu_worker.bench.peers_engine import engine_options
 from gpu_worker.bench.workload import mixed_workload
 
@@ -33,9 +33,6 @@ def bucket(rows: int) -> str:
             return f"{lo}-{hi}" if hi > lo else f"{hi}"
         lo = hi + 1
     return f">{BUCKETS[-1]}"
-
-
-INNER = ("matmul", "attention", "glue")   # timed inside a forward pass (per-op steps only)
 
 
 def file_forwards(model, timers: Timers, steps: dict) -> None:
@@ -114,9 +111,7 @@ def main(argv: list[str] | None = None) -> None:
             llm.generate(prompts, params)
         timed = time.perf_counter() - t0
     n = args.runs
-    s = {k: v / n for k, v in timers.seconds.items()}
-    s["forward other"] = s.get("forward", 0.0) - sum(s.get(k, 0.0) for k in INNER)
-    s["update other"] = s.get("update", 0.0) - s.get("detokenize", 0.0)
+    s = add_others({k: v / n for k, v in timers.seconds.items()})
     tokens = sum(len(p) for p in prompts), sum(w.max_tokens for w in items)
     print(f"workload: {len(items)} requests, {tokens[0]} prompt + {tokens[1]} output tokens; "
           f"untimed run {untimed:.2f} s, timed runs {timed / n:.2f} s each")
