@@ -79,13 +79,17 @@ class ModelRunner:
         batch = self.prepare(sched)
         if self.graphs is not None and self.graphs.can_run(batch.meta):
             hidden = self.graphs.run(batch.input_ids, batch.positions, batch.meta)
+            hidden = hidden.index_select(0, batch.logits_index)
         else:
             plan = self.model.ops.plan_attention(batch.meta)
-            hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, plan)
+            # Only the rows that sample come out of the model: the last layer skips the others'
+            # output projection and MLP (most of a prefill chunk's rows).
+            every = batch.logits_index.shape[0] == batch.input_ids.shape[0]   # then it is 0..n-1
+            hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, plan,
+                                keep=None if every else batch.logits_index)
             if self.observe is not None:
                 self.observe(batch.input_ids, batch.positions, plan)
         if batch.logits_rows:
-            hidden = hidden.index_select(0, batch.logits_index)
             if not self.sample_greedy(batch, hidden, out):
                 self.sample(batch, self.model.compute_logits(hidden).cpu(), out)
         return out

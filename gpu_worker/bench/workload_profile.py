@@ -41,9 +41,9 @@ def file_forwards(model, timers: Timers, steps: dict) -> None:
     seconds of the INNER parts timed inside it."""
     forward = model.forward
 
-    def filed(input_ids, positions, kv_caches, plan):
+    def filed(input_ids, positions, kv_caches, plan, keep=None):
         if not timers.on:
-            return forward(input_ids, positions, kv_caches, plan)
+            return forward(input_ids, positions, kv_caches, plan, keep=keep)
         rows = int(input_ids.shape[0])
         meta = getattr(plan, "meta", None)
         decode = getattr(meta, "num_decodes", -1) == rows   # every row a decode row
@@ -51,7 +51,7 @@ def file_forwards(model, timers: Timers, steps: dict) -> None:
         before = {k: timers.seconds.get(k, 0.0) for k in INNER}
         t0 = timers.clock()
         try:
-            return forward(input_ids, positions, kv_caches, plan)
+            return forward(input_ids, positions, kv_caches, plan, keep=keep)
         finally:
             entry = steps[(kind, bucket(rows))]
             entry["seconds"] += timers.clock() - t0

@@ -49,12 +49,15 @@ class DecoderLayer(nn.Module):
         rope_ctx,
         kv_cache: KVCache,
         plan,
+        keep: torch.Tensor | None = None,   # [m] int64: the only rows wanted past attention, or None: all
     ) -> tuple[torch.Tensor, torch.Tensor]:
         cfg, eps, n = self.cfg, self.cfg.rms_norm_eps, x.shape[0]
         h, residual = ops.add_rms_norm(x, residual, self.input_norm, eps)
         heads = self.qkv(h).view(n, -1, cfg.head_dim)   # [n, heads + 2 * kv_heads, head_dim]: q | k | v
         q, k = ops.rope(heads[:, :self.k_start], heads[:, self.k_start:self.v_start], rope_ctx)
         o = ops.attention(q, k, heads[:, self.v_start:], kv_cache[0], kv_cache[1], plan, self.scale)
+        if keep is not None:   # every row's K/V is stored above; the rest of the layer for the kept rows only
+            o, residual, n = o.index_select(0, keep), residual.index_select(0, keep), keep.shape[0]
         h, residual = ops.add_rms_norm(self.o_proj(o.reshape(n, self.q_size)), residual, self.post_norm, eps)
         return self.down(ops.gated_mlp(self.gate_up, h)), residual
 
@@ -84,21 +87,33 @@ class LlamaForCausalLM(nn.Module):
         positions: torch.Tensor,    # [num_tokens] int64
         kv_caches: list[KVCache],   # one per layer of this model (or stage)
         plan,
-    ) -> torch.Tensor:              # [num_tokens, hidden], final-normed
+        keep: torch.Tensor | None = None,
+    ) -> torch.Tensor:              # [num_tokens, hidden] (keep: [len(keep), hidden]), final-normed
+        """keep: the rows whose hidden states are wanted (int64 [m]; the rows that produce
+        logits), or None for all. The last layer then runs its output projection and MLP for
+        those rows only (forward_layers): the same values for them, less work for the others."""
         x = F.embedding(input_ids, self.embed)
-        x, residual = self.forward_layers(x, None, positions, kv_caches, plan, 0, len(self.layers))
+        x, residual = self.forward_layers(x, None, positions, kv_caches, plan, 0, len(self.layers), keep)
         return self.ops.add_rms_norm(x, residual, self.norm, self.cfg.rms_norm_eps)[0]
 
     @torch.inference_mode()
-    def forward_layers(self, x, residual, positions, kv_caches, plan, start: int, end: int):
-        """Layers [start, end) only (a pipeline stage); kv_caches[i] belongs to layer start+i."""
+    def forward_layers(self, x, residual, positions, kv_caches, plan, start: int, end: int,
+                       keep: torch.Tensor | None = None):
+        """Layers [start, end) only (a pipeline stage); kv_caches[i] belongs to layer start+i.
+        keep (rows, as in forward) applies where end is the model's last layer: past that
+        layer's attention (which stores every row's K/V) only the kept rows go on, and x and
+        residual come back with those rows alone. A row's values do not depend on the
+        others': the projections and the glue compute each row on its own (but for the C
+        matmuls' blocks of at most four rows, which sum in more chains: ulp-level)."""
+        keep = keep if end == len(self.layers) else None
         if self.fused_decode is not None and self.fused_decode.takes(x, plan):
             out = self.fused_decode(self, x, residual, positions, kv_caches[:end - start], plan, start)
             if out is not None:
-                return out
+                return out if keep is None else (out[0].index_select(0, keep), out[1].index_select(0, keep))
         rope_ctx = self.ops.prepare_rope(positions, self.cos_table, self.sin_table)
-        for layer, kv in zip(self.layers[start:end], kv_caches):
-            x, residual = layer(self.ops, x, residual, rope_ctx, kv, plan)
+        last = end - start - 1
+        for i, (layer, kv) in enumerate(zip(self.layers[start:end], kv_caches)):
+            x, residual = layer(self.ops, x, residual, rope_ctx, kv, plan, keep if i == last else None)
         return x, residual
 
     @torch.inference_mode()

@@ -91,9 +91,9 @@ def run_stage(model: LlamaForCausalLM, spec: StageSpec, x: torch.Tensor | None, 
     [len(logit_rows), vocab] float32; the others return (x, residual) for the next stage."""
     if spec.is_first:
         x, residual = F.embedding(input_ids, model.embed), None
-    x, residual = model.forward_layers(x, residual, positions, kv_caches, plan, 0, len(model.layers))
+    keep = logit_rows if spec.is_last else None   # the last layer's MLP for these rows only
+    x, residual = model.forward_layers(x, residual, positions, kv_caches, plan, 0, len(model.layers), keep)
     if not spec.is_last:
         return x, residual
-    hidden = model.ops.add_rms_norm(x.index_select(0, logit_rows), residual.index_select(0, logit_rows),
-                                    model.norm, model.cfg.rms_norm_eps)[0]
+    hidden = model.ops.add_rms_norm(x, residual, model.norm, model.cfg.rms_norm_eps)[0]
     return model.compute_logits(hidden)

@@ -20,7 +20,7 @@ def test_forwards_are_filed_by_kind_and_rows_with_their_inner_parts(capsys):
     timers = Timers(clock=lambda: now[0])
     attention = timers.wrap("attention", lambda seconds: now.__setitem__(0, now[0] + seconds))
 
-    def forward(input_ids, positions, kv_caches, plan):
+    def forward(input_ids, positions, kv_caches, plan, keep=None):
         attention(0.25)                     # timed inside the pass
         now[0] += 1.0                       # the rest of the pass
 
