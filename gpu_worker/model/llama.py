@@ -91,7 +91,7 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:              # [num_tokens, hidden] (keep: [len(keep), hidden]), final-normed
         """keep: the rows whose hidden states are wanted (int64 [m]; the rows that produce
         logits), or None for all. The last layer then runs its output projection and MLP for
-        those rows only (forward_layers): the same values for them, less work for the others."""
+        those rows only (forward_layers, which says how their values compare)."""
         x = F.embedding(input_ids, self.embed)
         x, residual = self.forward_layers(x, None, positions, kv_caches, plan, 0, len(self.layers), keep)
         return self.ops.add_rms_norm(x, residual, self.norm, self.cfg.rms_norm_eps)[0]
@@ -100,12 +100,12 @@ class LlamaForCausalLM(nn.Module):
     def forward_layers(self, x, residual, positions, kv_caches, plan, start: int, end: int,
                        keep: torch.Tensor | None = None):
         """Layers [start, end) only (a pipeline stage); kv_caches[i] belongs to layer start+i.
-        keep (rows, as in forward) applies where end is the model's last layer: past that
-        layer's attention (which stores every row's K/V) only the kept rows go on, and x and
-        residual come back with those rows alone. A row's values do not depend on the
-        others': the projections and the glue compute each row on its own (but for the C
-        matmuls' blocks of at most four rows, which sum in more chains: ulp-level)."""
-        keep = keep if end == len(self.layers) else None
+        keep (rows, as in forward; only for a range that ends at the model's last layer, since
+        later layers would need every row): past the attention of layer end - 1 (which stores
+        every row's K/V) only the kept rows go on, and x and residual come back with those rows
+        alone. A row's values do not depend on the others': the projections and the glue
+        compute each row on its own (but for the C matmuls' blocks of at most four rows, which
+        sum in more chains: ulp-level)."""
         if self.fused_decode is not None and self.fused_decode.takes(x, plan):
             out = self.fused_decode(self, x, residual, positions, kv_caches[:end - start], plan, start)
             if out is not None:

@@ -39,7 +39,7 @@ def test_kept_rows_get_the_whole_pass_values_and_every_row_its_kv(tiny_llama_dir
         assert got.shape == (len(keep), whole.shape[1])
         if len(keep) >= 5 and loaded_kernels() is not None:   # every C matmul row one chain: the same bits
             assert torch.equal(got, whole[keep])
-        else:   # the C matmuls' blocks of 1-4 rows sum in more chains (torch's pick kernels by shape)
+        else:   # the C matmuls' blocks of 1-4 rows sum in more chains (torch picks its kernels by shape)
             torch.testing.assert_close(got, whole[keep], rtol=1e-5, atol=1e-5)
         for (k, v), (wk, wv) in zip(kept_caches, whole_caches):   # every layer's K/V, every row
             assert torch.equal(k, wk) and torch.equal(v, wv)
