@@ -16,10 +16,20 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port nothing listens on, and one this process has not handed out before: a cluster
+    takes two ports a node for all its nodes before starting any, and the kernel may offer a
+    port again while it is still unbound (a node then failed to start on it)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def _ping(port: int) -> bool:
