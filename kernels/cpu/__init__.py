@@ -75,6 +75,7 @@ class CpuKernels:
         # AVX512_BF16, "widened" (bf16 widened to float32 multiply-adds) on other AVX-512 CPUs, else None.
         self.bf16dot = {1: "native", 2: "widened"}.get(_fn(lib.fleet_bf16dot_supported)())
         self._bf16dot = _fn(lib.fleet_bf16dot, _P, _I64, _I64, _I64, _P, _P, _P, ctypes.c_int)
+        self._bf16dot_tuning = _fn(lib.fleet_bf16dot_tuning, ctypes.c_int)
         self._candidates = _fn(lib.fleet_head_candidates, _P, _I64, _I64, _P, _P, ctypes.c_float, ctypes.c_double,
                                _I64, _P, _P, ctypes.c_int)
 
@@ -235,6 +236,13 @@ class CpuKernels:
         rc = self._bf16dot(x.data_ptr(), x.shape[0], n, x.shape[1], w.data_ptr(), xpairs.data_ptr(), out.data_ptr(),
                            torch.get_num_threads())
         _check("bf16_dot", rc == 0, f"AVX-512 and an even K (code {rc})")
+
+    def bf16_dot_tuning(self, amx_rows: int | None = None) -> int:
+        """Sets from how many rows the screen takes the AMX tiles, where not None (0: never; it
+        does only where the CPU has AMX); returns it as it is then. Results are within the same bound."""
+        if amx_rows is not None and amx_rows < 0:
+            raise ValueError("amx_rows must be >= 0")
+        return int(self._bf16dot_tuning(-1 if amx_rows is None else amx_rows))
 
     def head_candidates(self, approx: torch.Tensor, xnorm: torch.Tensor, wnorm: torch.Tensor, wmax: float,
                         c: float, idx: torch.Tensor, count: torch.Tensor) -> bool:

@@ -118,6 +118,15 @@ ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6)
 static const rows_fn row_blocks[HB_ROWS + 1] = {NULL, rows_1, rows_2, rows_3, rows_4, rows_5, rows_6};
 #endif
 
+/* Calls of at least this many rows take the AMX tiles where the CPU has them (0: never). */
+static int amx_rows = 1;
+
+/* Sets amx_rows where rows >= 0 and returns it as it is then (for in-process A/B runs). */
+int fleet_bf16dot_tuning(int rows) {
+    if (rows >= 0) amx_rows = rows;
+    return amx_rows;
+}
+
 /* 1: the screen runs on AVX512_BF16; 2: on AVX-512 without it (the float32 widening above); 0: not at all. */
 int fleet_bf16dot_supported(void) {
 #if defined(BF16DOT)
@@ -136,6 +145,7 @@ int fleet_bf16dot(const float *x, int64_t M, int64_t N, int64_t K, const uint16_
                   float *approx, int num_threads) {
 #if defined(SCREEN)
     if (K % 2) return -2;
+    if (amx_rows > 0 && M >= amx_rows && fleet_bf16dot_amx(x, M, N, K, w, approx, num_threads) == 0) return 0;
     const int64_t KP = K / 2, tiles = (N + TILE - 1) / TILE;
 #if defined(BF16DOT)
     for (int64_t i = 0; i < M * KP; i++)

@@ -46,6 +46,15 @@ def mode() -> str | None:
     return None if lib is None else lib.bf16dot
 
 
+def on_amx(k: int) -> bool:
+    """Whether the screen's pass over K input features runs on the AMX tiles here (an AMX CPU
+    whose kernel took them, K a multiple of 32; ``linear_amx.c``): TDPBF16PS, the same bf16
+    products summed in float32, so the same bound, at the weights' streaming rate."""
+    lib = process_kernels()
+    return lib is not None and lib.bf16dot == "native" and lib.amx_rows > 0 and k % 32 == 0 \
+        and lib.bf16_dot_tuning() > 0
+
+
 def available() -> bool:
     """The C kernels built and the screen runs on this CPU (:func:`mode`)."""
     return mode() is not None

@@ -32,6 +32,10 @@ int fleet_w8a8_amx(const uint8_t *xu, const float *xs, int64_t M, int64_t N, int
  * carried as two bf16 (hi + lo, about 16 significant bits; linear_amx.c). */
 #define AMX_SPLIT_ROWS 16       /* int8; int4 from 32: at 16 rows its AVX-512 path was faster (39.9 vs 43.8 ms) */
 #define AMX_SPLIT_ROWS_INT4 32
+/* The greedy head's bf16 screen (greedy_head.c) on the tiles: approx [M][N] = bf16(x) . w over
+ * greedy_head.py's packed pairs; nonzero when it did not run. */
+int fleet_bf16dot_amx(const float *x, int64_t M, int64_t N, int64_t K, const uint16_t *w, float *approx,
+                      int num_threads);
 int fleet_amx_split_rows(int fmt);   /* the rows from which fmt's calls take the AMX path, else 0 */
 int fleet_amx_w8a8_rows(void);       /* the rows from which W8A8 calls (one x scale a row) take it, else 0 */
 int fleet_linear_amx_split(int fmt, const float *x, int64_t M, int64_t N, int64_t K, int64_t G, const void *data,

@@ -263,6 +263,43 @@ int fleet_linear_amx(const float *x, int64_t M, int64_t N, int64_t K, const void
     return failed;
 }
 
+/* The greedy head's screen (greedy_head.c's fleet_bf16dot) on the tiles: approx [M][N] =
+ * bf16(x) . w, w the head packed by greedy_head.py's pack_pairs ([ceil(N / 32)][K / 2][32][2]),
+ * which is already vb's layout: no re-laying, each weight tile read once per 32 rows (once
+ * in all up to 32 rows, the weights streamed from memory while the tile unit idles). The
+ * products of two bf16 values are exact in float32 and the sums float32, rounded to nearest
+ * even with denormals flushed, as vdpbf16ps does: the screen's bound holds as it is. */
+int fleet_bf16dot_amx(const float *x, int64_t M, int64_t N, int64_t K, const uint16_t *w, float *approx,
+                      int num_threads) {
+    if (K % 32 || M < 1 || !fleet_amx_ready()) return 1;
+    const int64_t Mp = (M + 31) / 32 * 32, tiles = (N + TILE - 1) / TILE;
+    const int64_t group = tiles_per_group(K * TILE * (int64_t)sizeof(uint16_t));
+    uint16_t *xb = workspace(0, (size_t)(Mp * K));
+    if (!xb) return 3;
+    #pragma omp parallel num_threads(num_threads) if (tiles > 1)
+    {
+        #pragma omp for schedule(static)
+        for (int64_t r0 = 0; r0 < Mp; r0 += 16) round_rows(x, M, K, r0, xb, NULL);
+        int64_t first, last;
+        thread_tiles(tiles, &first, &last);
+        float c[32 * 32] __attribute__((aligned(64)));
+        if (last > first) {
+            configure_tiles();
+            for (int64_t g0 = first; g0 < last; g0 += group) {   /* past 32 rows a group stays in L2 */
+                const int64_t g1 = g0 + group < last ? g0 + group : last;
+                for (int64_t r0 = 0; r0 < Mp; r0 += 32)
+                    for (int64_t i = g0; i < g1; i++) {
+                        bf16_block(xb + r0 * K, w + i * K * TILE, K, c);
+                        const int rows = M - r0 < 32 ? (int)(M - r0) : 32;
+                        store_block(c, rows, tile_cols(N, i), NULL, NULL, approx + r0 * N + i * TILE, N);
+                    }
+            }
+            _tile_release();
+        }
+    }
+    return 0;
+}
+
 /* The 32 x 32 block of rows r0 .. r0 + 32 (A tiles xh, xl: hi and lo) against one split
  * weight tile (vh, vl; vl NULL: w has no lo part): xh*vh + xl*vh (+ xh*vl), per 32 k. */
 static void split_block(const uint16_t *xh, const uint16_t *xl, const uint16_t *vh, const uint16_t *vl, int64_t K,
@@ -413,6 +450,12 @@ int fleet_linear_amx_split(int fmt, const float *x, int64_t M, int64_t N, int64_
                            const float *scales, const float *mins, const float *bias, float *out, int num_threads) {
     (void)fmt; (void)x; (void)M; (void)N; (void)K; (void)G; (void)data; (void)scales; (void)mins; (void)bias;
     (void)out; (void)num_threads;
+    return 1;
+}
+
+int fleet_bf16dot_amx(const float *x, int64_t M, int64_t N, int64_t K, const uint16_t *w, float *approx,
+                      int num_threads) {
+    (void)x; (void)M; (void)N; (void)K; (void)w; (void)approx; (void)num_threads;
     return 1;
 }
 

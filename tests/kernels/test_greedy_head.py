@@ -1,15 +1,29 @@
 """The greedy head (kernels/cpu/greedy_head.py): its bf16 screen against a torch reference,
 its bound, and its tokens against the full packed fp32 head's argmax, on data built to sit
-at the edge of the bound (near ties, exact ties, loud input channels)."""
+at the edge of the bound (near ties, exact ties, loud input channels). The screen's pass runs
+on AVX-512 (vdpbf16ps, or widened) or, where the CPU has AMX and K is a multiple of 32, on
+the tiles: the `path` fixture runs each test on both where both run."""
 import numpy as np
 import pytest
 import torch
 
-from kernels.cpu import greedy_head
+from kernels.cpu import greedy_head, process_kernels
 from kernels.cpu import linear as packed_linear
 from kernels.cpu.greedy_head import GreedyHead, bound_factor, pack_pairs, reference_bf16_dot
 
 pytestmark = pytest.mark.skipif(not greedy_head.available(), reason="the bf16 screen needs AVX-512")
+
+
+@pytest.fixture(params=["avx512", "amx"])
+def path(request):
+    """The screen's pass on AVX-512 or on the AMX tiles (skipped where the CPU has no AMX)."""
+    lib = process_kernels()
+    if request.param == "amx" and not (lib.bf16dot == "native" and lib.amx_rows > 0):
+        pytest.skip("the AMX screen needs AMX-BF16")
+    before = lib.bf16_dot_tuning()
+    lib.bf16_dot_tuning(0 if request.param == "avx512" else 1)
+    yield request.param
+    lib.bf16_dot_tuning(before)
 
 
 def head(w: torch.Tensor, **kw) -> GreedyHead:
@@ -27,13 +41,18 @@ def loud_rows(m: int, k: int, gen: torch.Generator) -> torch.Tensor:
     return x
 
 
-@pytest.mark.parametrize("m,n,k", [(1, 1000, 64), (5, 77, 130), (64, 4099, 576)])
-def test_the_screen_is_bf16_x_times_bf16_w_summed_in_float32(m, n, k):
+@pytest.mark.parametrize("m,n,k", [(1, 1000, 64), (5, 77, 130), (33, 1000, 64), (64, 4099, 576), (70, 129, 96)])
+def test_the_screen_is_bf16_x_times_bf16_w_summed_in_float32(m, n, k, path):
     gen = torch.Generator().manual_seed(m + n)
     x, w = loud_rows(m, k, gen), torch.randn(n, k, generator=gen) * 0.05
     got, want = head(w).approx(x), reference_bf16_dot(x, w)
     s = (x.bfloat16().double().abs() @ w.bfloat16().double().abs().T).float()   # sum |x_i w_ji|
     assert bool(((got - want).abs() <= 2 * k * 2.0 ** -24 * s + 1e-30).all())
+
+
+def test_the_tiles_take_the_pass_where_k_is_a_multiple_of_32(path):
+    assert greedy_head.on_amx(576) == (path == "amx")
+    assert not greedy_head.on_amx(130)
 
 
 def test_pairs_hold_two_consecutive_k_of_one_channel_a_lane():
@@ -45,7 +64,7 @@ def test_pairs_hold_two_consecutive_k_of_one_channel_a_lane():
         pack_pairs(torch.ones(4, 5))
 
 
-def test_the_bound_holds_where_both_operands_round_the_most():
+def test_the_bound_holds_where_both_operands_round_the_most(path):
     # Every value halfway between two bf16 neighbours rounds by the most bf16 rounds anything;
     # all of one sign, so no rounding error cancels another.
     k = 576
@@ -58,7 +77,7 @@ def test_the_bound_holds_where_both_operands_round_the_most():
 
 
 @pytest.mark.parametrize("m", [1, 3, 8, 13, 64, 100])
-def test_tokens_are_the_full_heads_argmax_on_near_ties(m):
+def test_tokens_are_the_full_heads_argmax_on_near_ties(m, path):
     gen = torch.Generator().manual_seed(m)
     k, n = 256, 3000
     w = torch.randn(n, k, generator=gen) * 0.05
@@ -74,7 +93,7 @@ def test_tokens_are_the_full_heads_argmax_on_near_ties(m):
         assert g.approx(x).numpy().argmax(axis=1).tolist()[: m // 2] != want[: m // 2]
 
 
-def test_exact_ties_go_to_the_first_index_as_torch_argmax_does():
+def test_exact_ties_go_to_the_first_index_as_torch_argmax_does(path):
     gen = torch.Generator().manual_seed(3)
     w = torch.randn(500, 64, generator=gen)
     w[400] = w[90]
@@ -100,7 +119,7 @@ def test_candidate_columns_carry_the_full_heads_bits(m, pairs):
     assert torch.equal(sub, full[:, cols])
 
 
-def test_real_model_rows_agree_with_the_full_head():
+def test_real_model_rows_agree_with_the_full_head(path):
     from gpu_worker.model.default_model import default_model_dir
     from gpu_worker.model.loader import load_state_dict
 
@@ -113,7 +132,7 @@ def test_real_model_rows_agree_with_the_full_head():
     assert g.argmax(x) == full_argmax(x, w)
 
 
-def test_it_declines_what_it_cannot_decide():
+def test_it_declines_what_it_cannot_decide(path):
     gen = torch.Generator().manual_seed(5)
     w = torch.randn(300, 64, generator=gen)
     g = head(w, cap=16)
