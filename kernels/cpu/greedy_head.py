@@ -20,6 +20,21 @@ depend on which columns a call holds (``linear.c``): the same bits as the full h
 The first of equal maxima wins, as in ``torch.argmax``, since every tie of the winner is a
 candidate. So the token is the one the full fp32 head gives, not an approximation of it.
 
+Calls of up to ``int8_rows`` rows (8 by default) screen over int8 codes of the head instead
+(one scale a channel, ``linear.c``'s per-channel int8 kernel with x in float32): a quarter of
+the fp32 bytes, half the bf16's, where a step of few rows is bound by the head's stream. Its
+bound is built the same way, from the codes' own residual r_j = s_j q_j - w_j (exact, in
+float64) rather than the bf16 roundings:
+
+    |approx_j - fp32_j| <= |x| (|r_j| + c8 (|s_j q_j| + |w_j|)),   c8 = (K + 9) u_f32 + 2^-15,
+
+Cauchy-Schwarz on the residual, the float32 sums of both evaluations and the scale applied
+after the sum (the K + 9), and 2^-15 for the kernel's AMX path, which carries x as two bf16
+(hi + lo) from 16 rows: every term a float32 evaluation could add. The per-channel part in
+parentheses is computed once at load, in float64, rounded up, and the same candidate test
+applies (on SmolLM2's real decode states: median 2 candidates a row, mean 4.6, at most 43;
+the bf16 screen's 2, 2.9 and 22).
+
 It returns None (the caller then takes the full head) where the screen cannot decide: a
 row with a non-finite value or a tiny |x|, more than ``cap`` candidates, or a union too
 large to be worth it; and it is not built where the CPU lacks AVX-512. On AVX-512 CPUs
@@ -36,6 +51,7 @@ from kernels.cpu import linear as packed_linear
 from kernels.cpu import process_kernels
 
 U_BF16, U_F32 = 2.0 ** -8, 2.0 ** -24
+INT8_ROWS = 8      # calls of up to this many rows screen over int8 codes (half the bf16 screen's bytes)
 MIN_NORM = 1e-12   # |x| below this, or |w_j| raised to it: vdpbf16ps flushes denormals (absolute errors)
 
 
@@ -75,6 +91,23 @@ def bound_factor(k: int) -> float:
     return (2 * U_BF16 + U_BF16 ** 2 + 2 * (k + 8) * U_F32) * 1.0625
 
 
+def int8_codes(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [N, K] float32 -> (codes [N, K] int8, scale [N]): round(w / s), s = max |w_j| / 127
+    (1 for an all-zero channel)."""
+    amax = w.abs().amax(dim=1)
+    scale = torch.where(amax > 0, amax / 127, torch.ones_like(amax))
+    return torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8), scale
+
+
+def int8_channel_bounds(w: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Per channel, |r_j| + c8 (|s_j q_j| + |w_j|) of the module docstring, rounded up to float32."""
+    w64 = w.double()
+    what = codes.double() * scale.double()[:, None]   # exact: a float32 times a 7-bit integer
+    c8 = (w.shape[1] + 9) * U_F32 + 2.0 ** -15
+    b = (what - w64).norm(dim=1) + c8 * (what.norm(dim=1) + w64.norm(dim=1))
+    return (b.clamp_min(MIN_NORM) * (1 + 2 ** -20)).float()
+
+
 def reference_bf16_dot(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """What ``bf16_dot`` computes, in torch: both operands rounded to bf16, products summed in float64."""
     return (x.bfloat16().double() @ w.bfloat16().double().T).float()
@@ -85,7 +118,7 @@ class GreedyHead:
     ``packed``, the f32 PackedWeight the engine's head computes with)."""
 
     def __init__(self, weight: torch.Tensor, packed: packed_linear.PackedWeight, cap: int = 1024,
-                 max_union: float = 0.125, max_rows: int | None = None) -> None:
+                 max_union: float = 0.125, max_rows: int | None = None, int8_rows: int = INT8_ROWS) -> None:
         if packed.fmt != "f32" or tuple(weight.shape) != (packed.n, packed.k):
             raise ValueError("GreedyHead screens an f32-packed head of the weight's shape")
         if not available():
@@ -100,6 +133,12 @@ class GreedyHead:
         self.wmax = float(self.wnorm.max())
         self.c = bound_factor(self.k)
         self.cap, self.max_union = cap, int(max_union * self.n)
+        # The int8 screen for calls of up to int8_rows rows (0: none; settable, for A/B runs).
+        self.int8_rows = int8_rows if packed_linear.supported("int8") else 0
+        codes, scale = int8_codes(self.weight)
+        self.codes = packed_linear.pack_int8(codes, scale)
+        self.wbound8 = int8_channel_bounds(self.weight, codes, scale).contiguous()
+        self.wmax8 = float(self.wbound8.max())
         self._rows, self._scratch = 0, {}   # buffers for up to _rows rows, kept: no page faults a step
 
     def __deepcopy__(self, memo: dict) -> GreedyHead:
@@ -135,8 +174,14 @@ class GreedyHead:
             return None
         xnorm = (xnorm * (1 + 2 ** -20)).float()
         bufs = self.scratch(x.shape[0])
-        approx, idx, count = self.approx(x, bufs), bufs["idx"], bufs["count"]
-        if not self.lib.head_candidates(approx, xnorm, self.wnorm, self.wmax, self.c, idx, count):
+        idx, count = bufs["idx"], bufs["count"]
+        if x.shape[0] <= self.int8_rows:
+            approx = packed_linear.linear(x, self.codes, out=bufs["approx"])
+            decided = self.lib.head_candidates(approx, xnorm, self.wbound8, self.wmax8, 1.0625, idx, count)
+        else:
+            approx = self.approx(x, bufs)
+            decided = self.lib.head_candidates(approx, xnorm, self.wnorm, self.wmax, self.c, idx, count)
+        if not decided:
             return None
         rows, counts = idx.numpy(), count.tolist()
         return [rows[m, :counts[m]].copy() for m in range(len(counts))]   # not views of the scratch

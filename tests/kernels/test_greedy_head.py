@@ -14,19 +14,26 @@ from kernels.cpu.greedy_head import GreedyHead, bound_factor, pack_pairs, refere
 pytestmark = pytest.mark.skipif(not greedy_head.available(), reason="the bf16 screen needs AVX-512")
 
 
-@pytest.fixture(params=["avx512", "amx"])
+_INT8_ROWS = [0]   # the heads that head() builds screen calls of up to this many rows over int8 codes
+
+
+@pytest.fixture(params=["avx512", "amx", "int8"])
 def path(request):
-    """The screen's pass on AVX-512 or on the AMX tiles (skipped where the CPU has no AMX)."""
+    """The screen's pass: bf16 on AVX-512, bf16 on the AMX tiles (skipped where the CPU has
+    no AMX), or int8 codes (every call, whatever its rows)."""
     lib = process_kernels()
     if request.param == "amx" and not (lib.bf16dot == "native" and lib.amx_rows > 0):
         pytest.skip("the AMX screen needs AMX-BF16")
     before = lib.bf16_dot_tuning()
-    lib.bf16_dot_tuning(0 if request.param == "avx512" else 1)
+    lib.bf16_dot_tuning(1 if request.param == "amx" else 0)
+    _INT8_ROWS[0] = 10 ** 9 if request.param == "int8" else 0
     yield request.param
     lib.bf16_dot_tuning(before)
+    _INT8_ROWS[0] = 0
 
 
 def head(w: torch.Tensor, **kw) -> GreedyHead:
+    kw.setdefault("int8_rows", _INT8_ROWS[0])
     return GreedyHead(w, packed_linear.pack_f32(w), **kw)
 
 
@@ -51,7 +58,7 @@ def test_the_screen_is_bf16_x_times_bf16_w_summed_in_float32(m, n, k, path):
 
 
 def test_the_tiles_take_the_pass_where_k_is_a_multiple_of_32(path):
-    assert greedy_head.on_amx(576) == (path == "amx")
+    assert greedy_head.on_amx(576) == (path == "amx" or (path == "int8" and greedy_head.on_amx(576)))
     assert not greedy_head.on_amx(130)
 
 
@@ -156,3 +163,37 @@ def test_scratch_grows_and_is_reused():
         assert g.argmax(x) == full_argmax(x, w)
     assert g._rows == 40
     assert isinstance(np.asarray(g.candidates(x)[0]), np.ndarray)
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 1000, 64), (3, 77, 130), (8, 4099, 576)])
+def test_the_int8_screens_bound_holds(m, n, k):
+    # Loud input channels, channels of very different ranges, one all zero: the int8 screen's
+    # approximation against the exact product, within |x| times each channel's bound.
+    gen = torch.Generator().manual_seed(7 * m + n)
+    x = loud_rows(m, k, gen)
+    w = torch.randn(n, k, generator=gen) * torch.logspace(-3, 0, n)[:, None]
+    w[n // 2] = 0
+    w[1, 0] = 40.0   # one outlier: a coarse scale for that channel
+    g = head(w, int8_rows=m)
+    got = packed_linear.linear(x, g.codes).double()
+    exact = x.double() @ w.double().T
+    bound = x.double().norm(dim=1)[:, None] * g.wbound8.double()[None, :]
+    assert bool(((got - exact).abs() <= bound).all())
+    assert float(((got - exact).abs() / bound).max()) > 1e-3   # not loose by orders of magnitude
+
+
+def test_the_int8_screen_takes_small_calls_and_the_bf16_pass_the_rest():
+    gen = torch.Generator().manual_seed(11)
+    w = torch.randn(3000, 256, generator=gen) * 0.05
+    g = head(w, int8_rows=4)
+    calls = []
+    real = packed_linear.linear
+    try:
+        packed_linear.linear = lambda x, wt, *a, **kw: calls.append((x.shape[0], wt.fmt)) or real(x, wt, *a, **kw)
+        for m in (1, 4, 5, 9):
+            x = loud_rows(m, 256, gen)
+            assert g.argmax(x) == full_argmax(x, w)
+    finally:
+        packed_linear.linear = real
+    screens = [c for c in calls if c[1] == "int8"]
+    assert [m for m, _ in screens] == [1, 4]

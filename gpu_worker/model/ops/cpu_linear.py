@@ -177,11 +177,12 @@ def install_greedy_head(model: nn.Module) -> bool:
     max_rows = None if mode == "native" else WIDENED_MAX_ROWS
     model.greedy_head = greedy_head.GreedyHead(head, packed.packed, max_rows=max_rows)
     if mode == "native":
-        logger.info("greedy rows take their token from a bf16 screen of the LM head (%s) and "
-                    "the exact fp32 logits of its candidates",
+        logger.info("greedy rows take their token from a screen of the LM head (int8 codes up to %d rows, "
+                    "else bf16 on %s) and the exact fp32 logits of its candidates", model.greedy_head.int8_rows,
                     "AMX tiles" if greedy_head.on_amx(head.shape[1]) else "AVX512_BF16")
     else:
-        logger.info("greedy steps of up to %d rows take their token from a bf16 screen of the LM head, "
-                    "widened to float32 (this CPU lacks AVX512_BF16), and the exact fp32 logits of its "
-                    "candidates; larger steps compute the whole fp32 head", max_rows)
+        logger.info("greedy steps of up to %d rows take their token from a screen of the LM head (int8 codes up "
+                    "to %d rows, else bf16 widened to float32: this CPU lacks AVX512_BF16) and the exact fp32 "
+                    "logits of its candidates; larger steps compute the whole fp32 head", max_rows,
+                    model.greedy_head.int8_rows)
     return True
