@@ -26,11 +26,12 @@ the fp32 bytes, half the bf16's, where a step of few rows is bound by the head's
 bound is built the same way, from the codes' own residual r_j = s_j q_j - w_j (exact, in
 float64) rather than the bf16 roundings:
 
-    |approx_j - fp32_j| <= |x| (|r_j| + c8 (|s_j q_j| + |w_j|)),   c8 = (K + 9) u_f32 + 2^-15,
+    |approx_j - fp32_j| <= |x| (|r_j| + c8 (|s_j q_j| + |w_j|)),   c8 = (2 K + 9) u_f32 + 2^-15,
 
-Cauchy-Schwarz on the residual, the float32 sums of both evaluations and the scale applied
-after the sum (the K + 9), and 2^-15 for the kernel's AMX path, which carries x as two bf16
-(hi + lo) from 16 rows: every term a float32 evaluation could add. The per-channel part in
+Cauchy-Schwarz on the residual, then every rounding a float32 evaluation could add: the fp32
+head's sum of K products, the screen's (K products and the scale applied after the sum, or,
+on the kernel's AMX path from 16 rows, which carries x as two bf16, hi + lo, 2 K products:
+hence 2 K + 9), and 2^-15 above the 2^-18 of x that hi + lo leave out. The per-channel part in
 parentheses is computed once at load, in float64, rounded up, and the same candidate test
 applies (on SmolLM2's real decode states: median 2 candidates a row, mean 4.6, at most 43;
 the bf16 screen's 2, 2.9 and 22).
@@ -103,7 +104,7 @@ def int8_channel_bounds(w: torch.Tensor, codes: torch.Tensor, scale: torch.Tenso
     """Per channel, |r_j| + c8 (|s_j q_j| + |w_j|) of the module docstring, rounded up to float32."""
     w64 = w.double()
     what = codes.double() * scale.double()[:, None]   # exact: a float32 times a 7-bit integer
-    c8 = (w.shape[1] + 9) * U_F32 + 2.0 ** -15
+    c8 = (2 * w.shape[1] + 9) * U_F32 + 2.0 ** -15
     b = (what - w64).norm(dim=1) + c8 * (what.norm(dim=1) + w64.norm(dim=1))
     return (b.clamp_min(MIN_NORM) * (1 + 2 ** -20)).float()
 
@@ -134,11 +135,13 @@ class GreedyHead:
         self.c = bound_factor(self.k)
         self.cap, self.max_union = cap, int(max_union * self.n)
         # The int8 screen for calls of up to int8_rows rows (0: none; settable, for A/B runs).
-        self.int8_rows = int8_rows if packed_linear.supported("int8") else 0
-        codes, scale = int8_codes(self.weight)
-        self.codes = packed_linear.pack_int8(codes, scale)
-        self.wbound8 = int8_channel_bounds(self.weight, codes, scale).contiguous()
-        self.wmax8 = float(self.wbound8.max())
+        # (the codes, 28 MB for SmolLM2, only where it is on at construction).
+        self.int8_rows = int8_rows if int8_rows > 0 and packed_linear.supported("int8") else 0
+        if self.int8_rows:
+            codes, scale = int8_codes(self.weight)
+            self.codes = packed_linear.pack_int8(codes, scale)
+            self.wbound8 = int8_channel_bounds(self.weight, codes, scale).contiguous()
+            self.wmax8 = float(self.wbound8.max())
         self._rows, self._scratch = 0, {}   # buffers for up to _rows rows, kept: no page faults a step
 
     def __deepcopy__(self, memo: dict) -> GreedyHead:
@@ -176,7 +179,8 @@ class GreedyHead:
         bufs = self.scratch(x.shape[0])
         idx, count = bufs["idx"], bufs["count"]
         if x.shape[0] <= self.int8_rows:
-            approx = packed_linear.linear(x, self.codes, out=bufs["approx"])
+            approx = bufs["approx"]
+            self.lib.linear(x, self.codes, None, approx)   # checked here: x [M, K] float32, approx [M, N]
             decided = self.lib.head_candidates(approx, xnorm, self.wbound8, self.wmax8, 1.0625, idx, count)
         else:
             approx = self.approx(x, bufs)

@@ -175,25 +175,20 @@ def test_the_int8_screens_bound_holds(m, n, k):
     w[n // 2] = 0
     w[1, 0] = 40.0   # one outlier: a coarse scale for that channel
     g = head(w, int8_rows=m)
-    got = packed_linear.linear(x, g.codes).double()
+    got = packed_linear.linear(x, g.codes).double()   # the kernel the screen calls
     exact = x.double() @ w.double().T
     bound = x.double().norm(dim=1)[:, None] * g.wbound8.double()[None, :]
     assert bool(((got - exact).abs() <= bound).all())
     assert float(((got - exact).abs() / bound).max()) > 1e-3   # not loose by orders of magnitude
 
 
-def test_the_int8_screen_takes_small_calls_and_the_bf16_pass_the_rest():
+def test_the_int8_screen_takes_small_calls_and_the_bf16_pass_the_rest(monkeypatch):
     gen = torch.Generator().manual_seed(11)
     w = torch.randn(3000, 256, generator=gen) * 0.05
     g = head(w, int8_rows=4)
-    calls = []
-    real = packed_linear.linear
-    try:
-        packed_linear.linear = lambda x, wt, *a, **kw: calls.append((x.shape[0], wt.fmt)) or real(x, wt, *a, **kw)
-        for m in (1, 4, 5, 9):
-            x = loud_rows(m, 256, gen)
-            assert g.argmax(x) == full_argmax(x, w)
-    finally:
-        packed_linear.linear = real
-    screens = [c for c in calls if c[1] == "int8"]
-    assert [m for m, _ in screens] == [1, 4]
+    calls, real = [], g.lib.linear
+    monkeypatch.setattr(g.lib, "linear", lambda x, wt, *a: calls.append((x.shape[0], wt.fmt)) or real(x, wt, *a))
+    for m in (1, 4, 5, 9):
+        x = loud_rows(m, 256, gen)
+        assert g.argmax(x) == full_argmax(x, w)
+    assert [m for m, fmt in calls if fmt == "int8"] == [1, 4]
