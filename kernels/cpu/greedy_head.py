@@ -50,6 +50,7 @@ import torch
 
 from kernels.cpu import linear as packed_linear
 from kernels.cpu import process_kernels
+from kernels.quantize import quantize_int8
 
 U_BF16, U_F32 = 2.0 ** -8, 2.0 ** -24
 INT8_ROWS = 8      # calls of up to this many rows screen over int8 codes (half the bf16 screen's bytes)
@@ -92,14 +93,6 @@ def bound_factor(k: int) -> float:
     return (2 * U_BF16 + U_BF16 ** 2 + 2 * (k + 8) * U_F32) * 1.0625
 
 
-def int8_codes(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """w [N, K] float32 -> (codes [N, K] int8, scale [N]): round(w / s), s = max |w_j| / 127
-    (1 for an all-zero channel)."""
-    amax = w.abs().amax(dim=1)
-    scale = torch.where(amax > 0, amax / 127, torch.ones_like(amax))
-    return torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8), scale
-
-
 def int8_channel_bounds(w: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """Per channel, |r_j| + c8 (|s_j q_j| + |w_j|) of the module docstring, rounded up to float32."""
     w64 = w.double()
@@ -138,7 +131,7 @@ class GreedyHead:
         # (the codes, 28 MB for SmolLM2, only where it is on at construction).
         self.int8_rows = int8_rows if int8_rows > 0 and packed_linear.supported("int8") else 0
         if self.int8_rows:
-            codes, scale = int8_codes(self.weight)
+            codes, scale = quantize_int8(self.weight)   # one scale a channel, max |w_j| / 127
             self.codes = packed_linear.pack_int8(codes, scale)
             self.wbound8 = int8_channel_bounds(self.weight, codes, scale).contiguous()
             self.wmax8 = float(self.wbound8.max())

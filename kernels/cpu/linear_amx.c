@@ -224,8 +224,11 @@ static void bf16_block(const uint16_t *a, const uint16_t *vb, int64_t K, float *
     store_accumulators(c);
 }
 
-int fleet_linear_amx(const float *x, int64_t M, int64_t N, int64_t K, const void *data, const float *bias,
-                     float *out, int num_threads) {
+/* y [M][N] = bf16(x) w (+ bias) on the tiles, w either linear.py's bf16 tiles ([K][32] each,
+ * laid = 0: re-laid per group into vb) or already in vb's layout (laid = 1: greedy_head.py's
+ * pack_pairs, [ceil(N / 32)][K / 2][32][2], read in place). */
+static int bf16_tiles(const float *x, int64_t M, int64_t N, int64_t K, const uint16_t *w, int laid,
+                      const float *bias, float *out, int num_threads) {
     if (K % 32 || M < 1 || !fleet_amx_ready()) return 1;
     const int64_t Mp = (M + 31) / 32 * 32, tiles = (N + TILE - 1) / TILE;
     const int64_t group = tiles_per_group(K * TILE * (int64_t)sizeof(uint16_t));
@@ -236,22 +239,23 @@ int fleet_linear_amx(const float *x, int64_t M, int64_t N, int64_t K, const void
     {
         #pragma omp for schedule(static)
         for (int64_t r0 = 0; r0 < Mp; r0 += 16) round_rows(x, M, K, r0, xb, NULL);
-        /* Each thread a contiguous run of tiles, in groups: the group's weights are re-laid once
-         * and stay in L2 while each 32-row block of x (in L1) runs against all of them. */
+        /* Each thread a contiguous run of tiles, in groups: the group's weights (re-laid once,
+         * where they need it) stay in L2 while each 32-row block of x (in L1) runs against all
+         * of them. */
         int64_t first, last;
         thread_tiles(tiles, &first, &last);
-        uint16_t *vb = last > first ? workspace(1, (size_t)(group * K * TILE)) : NULL;
+        uint16_t *vb = last > first && !laid ? workspace(1, (size_t)(group * K * TILE)) : NULL;
         float c[32 * 32] __attribute__((aligned(64)));
-        if (last > first && !vb) failed = 3;
-        if (vb) {
+        if (last > first && !laid && !vb) failed = 3;
+        if (last > first && (laid || vb)) {
             configure_tiles();
             for (int64_t g0 = first; g0 < last; g0 += group) {
                 const int64_t g1 = g0 + group < last ? g0 + group : last;
-                for (int64_t i = g0; i < g1; i++)
-                    interleave_pairs((const uint16_t *)data + i * K * TILE, K, vb + (i - g0) * K * TILE);
+                if (!laid)
+                    for (int64_t i = g0; i < g1; i++) interleave_pairs(w + i * K * TILE, K, vb + (i - g0) * K * TILE);
                 for (int64_t r0 = 0; r0 < Mp; r0 += 32)
                     for (int64_t i = g0; i < g1; i++) {
-                        bf16_block(xb + r0 * K, vb + (i - g0) * K * TILE, K, c);
+                        bf16_block(xb + r0 * K, laid ? w + i * K * TILE : vb + (i - g0) * K * TILE, K, c);
                         const int rows = M - r0 < 32 ? (int)(M - r0) : 32;
                         const int cols = tile_cols(N, i);
                         store_block(c, rows, cols, NULL, bias ? bias + i * TILE : NULL, out + r0 * N + i * TILE, N);
@@ -263,41 +267,20 @@ int fleet_linear_amx(const float *x, int64_t M, int64_t N, int64_t K, const void
     return failed;
 }
 
+int fleet_linear_amx(const float *x, int64_t M, int64_t N, int64_t K, const void *data, const float *bias,
+                     float *out, int num_threads) {
+    return bf16_tiles(x, M, N, K, (const uint16_t *)data, 0, bias, out, num_threads);
+}
+
 /* The greedy head's screen (greedy_head.c's fleet_bf16dot) on the tiles: approx [M][N] =
- * bf16(x) . w, w the head packed by greedy_head.py's pack_pairs ([ceil(N / 32)][K / 2][32][2]),
- * which is already vb's layout: no re-laying, each weight tile read once per 32 rows (once
- * in all up to 32 rows, the weights streamed from memory while the tile unit idles). The
- * products of two bf16 values are exact in float32 and the sums float32, rounded to nearest
- * even with denormals flushed, as vdpbf16ps does: the screen's bound holds as it is. */
+ * bf16(x) . w, w the head packed by greedy_head.py's pack_pairs, which is already vb's layout:
+ * no re-laying, each weight tile read once per 32 rows (once in all up to 32 rows, the weights
+ * streamed from memory while the tile unit idles). The products of two bf16 values are exact
+ * in float32 and the sums float32, rounded to nearest even with denormals flushed, as
+ * vdpbf16ps does: the screen's bound holds as it is. */
 int fleet_bf16dot_amx(const float *x, int64_t M, int64_t N, int64_t K, const uint16_t *w, float *approx,
                       int num_threads) {
-    if (K % 32 || M < 1 || !fleet_amx_ready()) return 1;
-    const int64_t Mp = (M + 31) / 32 * 32, tiles = (N + TILE - 1) / TILE;
-    const int64_t group = tiles_per_group(K * TILE * (int64_t)sizeof(uint16_t));
-    uint16_t *xb = workspace(0, (size_t)(Mp * K));
-    if (!xb) return 3;
-    #pragma omp parallel num_threads(num_threads) if (tiles > 1)
-    {
-        #pragma omp for schedule(static)
-        for (int64_t r0 = 0; r0 < Mp; r0 += 16) round_rows(x, M, K, r0, xb, NULL);
-        int64_t first, last;
-        thread_tiles(tiles, &first, &last);
-        float c[32 * 32] __attribute__((aligned(64)));
-        if (last > first) {
-            configure_tiles();
-            for (int64_t g0 = first; g0 < last; g0 += group) {   /* past 32 rows a group stays in L2 */
-                const int64_t g1 = g0 + group < last ? g0 + group : last;
-                for (int64_t r0 = 0; r0 < Mp; r0 += 32)
-                    for (int64_t i = g0; i < g1; i++) {
-                        bf16_block(xb + r0 * K, w + i * K * TILE, K, c);
-                        const int rows = M - r0 < 32 ? (int)(M - r0) : 32;
-                        store_block(c, rows, tile_cols(N, i), NULL, NULL, approx + r0 * N + i * TILE, N);
-                    }
-            }
-            _tile_release();
-        }
-    }
-    return 0;
+    return bf16_tiles(x, M, N, K, w, 1, NULL, approx, num_threads);
 }
 
 /* The 32 x 32 block of rows r0 .. r0 + 32 (A tiles xh, xl: hi and lo) against one split

@@ -2,7 +2,8 @@
 its bound, and its tokens against the full packed fp32 head's argmax, on data built to sit
 at the edge of the bound (near ties, exact ties, loud input channels). The screen's pass runs
 on AVX-512 (vdpbf16ps, or widened) or, where the CPU has AMX and K is a multiple of 32, on
-the tiles: the `path` fixture runs each test on both where both run."""
+the tiles, or over int8 codes for calls of few rows: the `path` fixture runs each test on
+every path that runs here (`bf16_path` the tests of the bf16 pass alone)."""
 import numpy as np
 import pytest
 import torch
@@ -17,19 +18,29 @@ pytestmark = pytest.mark.skipif(not greedy_head.available(), reason="the bf16 sc
 _INT8_ROWS = [0]   # the heads that head() builds screen calls of up to this many rows over int8 codes
 
 
-@pytest.fixture(params=["avx512", "amx", "int8"])
-def path(request):
+def _screen_path(param: str):
     """The screen's pass: bf16 on AVX-512, bf16 on the AMX tiles (skipped where the CPU has
     no AMX), or int8 codes (every call, whatever its rows)."""
     lib = process_kernels()
-    if request.param == "amx" and not (lib.bf16dot == "native" and lib.amx_rows > 0):
+    if param == "amx" and not (lib.bf16dot == "native" and lib.amx_rows > 0):
         pytest.skip("the AMX screen needs AMX-BF16")
     before = lib.bf16_dot_tuning()
-    lib.bf16_dot_tuning(1 if request.param == "amx" else 0)
-    _INT8_ROWS[0] = 10 ** 9 if request.param == "int8" else 0
-    yield request.param
+    lib.bf16_dot_tuning(1 if param == "amx" else 0)
+    _INT8_ROWS[0] = 10 ** 9 if param == "int8" else 0
+    yield param
     lib.bf16_dot_tuning(before)
     _INT8_ROWS[0] = 0
+
+
+@pytest.fixture(params=["avx512", "amx", "int8"])
+def path(request):
+    yield from _screen_path(request.param)
+
+
+@pytest.fixture(params=["avx512", "amx"])
+def bf16_path(request):
+    """The bf16 pass alone (tests of GreedyHead.approx, which the int8 screen does not use)."""
+    yield from _screen_path(request.param)
 
 
 def head(w: torch.Tensor, **kw) -> GreedyHead:
@@ -49,7 +60,7 @@ def loud_rows(m: int, k: int, gen: torch.Generator) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("m,n,k", [(1, 1000, 64), (5, 77, 130), (33, 1000, 64), (64, 4099, 576), (70, 129, 96)])
-def test_the_screen_is_bf16_x_times_bf16_w_summed_in_float32(m, n, k, path):
+def test_the_screen_is_bf16_x_times_bf16_w_summed_in_float32(m, n, k, bf16_path):
     gen = torch.Generator().manual_seed(m + n)
     x, w = loud_rows(m, k, gen), torch.randn(n, k, generator=gen) * 0.05
     got, want = head(w).approx(x), reference_bf16_dot(x, w)
@@ -57,8 +68,8 @@ def test_the_screen_is_bf16_x_times_bf16_w_summed_in_float32(m, n, k, path):
     assert bool(((got - want).abs() <= 2 * k * 2.0 ** -24 * s + 1e-30).all())
 
 
-def test_the_tiles_take_the_pass_where_k_is_a_multiple_of_32(path):
-    assert greedy_head.on_amx(576) == (path == "amx" or (path == "int8" and greedy_head.on_amx(576)))
+def test_the_tiles_take_the_pass_where_k_is_a_multiple_of_32(bf16_path):
+    assert greedy_head.on_amx(576) == (bf16_path == "amx")
     assert not greedy_head.on_amx(130)
 
 
@@ -71,7 +82,7 @@ def test_pairs_hold_two_consecutive_k_of_one_channel_a_lane():
         pack_pairs(torch.ones(4, 5))
 
 
-def test_the_bound_holds_where_both_operands_round_the_most(path):
+def test_the_bound_holds_where_both_operands_round_the_most(bf16_path):
     # Every value halfway between two bf16 neighbours rounds by the most bf16 rounds anything;
     # all of one sign, so no rounding error cancels another.
     k = 576
