@@ -58,11 +58,14 @@ AI vf vf_from_bf16(const uint16_t *p) {
     const __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
     return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
 }
-/* The low and the high nibbles of 16 bytes, as floats. */
+/* The low and the high nibbles of 16 bytes, as floats: each a lookup in a register of the 16
+ * values (vpermps reads an index's low 4 bits, so the low nibble needs no mask), the same
+ * floats as converting, in fewer instructions. */
 AI void vf_from_nibbles(const uint8_t *p, vf *lo, vf *hi) {
     const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
-    *lo = _mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(15)));
-    *hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4));
+    const vf codes = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    *lo = _mm512_permutexvar_ps(v, codes);
+    *hi = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), codes);
 }
 AI vf vf_round(vf a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 AI vf vf_scale2(vf p, vf n) { return _mm512_scalef_ps(p, n); }   /* p * 2^n, n integral */
