@@ -100,12 +100,16 @@ def test_avx2_decoded_tiles_of_a_few_rows_are_the_bits_of_a_prefill_call(fmt, gr
 
 @pytest.mark.parametrize("knob", ["prefetch_far", "f32_pairs"])
 def test_the_cpu_tunings_change_speed_only(knob):
-    """Where the matmuls prefetch (L2 and further ahead on Intel, L1 on AMD) and whether f32
-    past 48 rows takes the 6 x 64 blocks (Intel) or the 8 x 32 ones: every result is the same
-    bits either way, and the setting reads back."""
+    """Where the matmuls prefetch (L2 and further ahead on Intel, L1 on AMD; on Intel one-row
+    calls over bf16 and int8 codes run ahead of their own stream) and whether f32 past 48 rows
+    takes the 6 x 64 blocks (Intel) or the 8 x 32 ones: every result is the same bits either
+    way, and the setting reads back."""
     gen = torch.Generator().manual_seed(7)
+    small = torch.randn(96, 576, generator=gen) * 0.05
     w = {"f32": L.pack_f32(torch.randn(100, 576, generator=gen)),
-         "int4": L.pack_int4(*quantize_int4(torch.randn(96, 576, generator=gen) * 0.05, 32), 32)}
+         "int4": L.pack_int4(*quantize_int4(small, 32), 32), "bf16": L.pack_bf16(small),
+         "int8": L.pack_int8(*quantize_int8(small)), "int8g64": L.pack_int8(*quantize_int8(small, 64))}
+    w8a8 = L.pack_w8a8(*quantize_int8(small)) if L.w8a8_supported() else None
     x = torch.randn(300, 576, generator=gen)
     previous = L.tuning()
     runs = {}
@@ -113,6 +117,8 @@ def test_the_cpu_tunings_change_speed_only(knob):
         for value in (False, True):
             assert L.tuning(**{knob: value})[knob] is (value and bool(previous) and L._library().simd == "avx512")
             runs[value] = {(f, m): L.linear(x[:m], p) for f, p in w.items() for m in (1, 2, 4, 8, 12, 40, 49, 300)}
+            if w8a8 is not None:
+                runs[value].update({("w8a8", m): L.linear_w8a8(x[:m], w8a8) for m in (1, 2, 8)})
     finally:
         L.tuning(**previous)
     assert all(torch.equal(runs[False][k], runs[True][k]) for k in runs[False])
