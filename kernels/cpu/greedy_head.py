@@ -53,6 +53,7 @@ from kernels.cpu import process_kernels
 from kernels.quantize import quantize_int8
 
 U_BF16, U_F32 = 2.0 ** -8, 2.0 ** -24
+NORM_SLACK = 1.0625   # the bounds' last factor: the rounding of the norms (|x|, |w_j|) themselves
 INT8_ROWS = 8      # calls of up to this many rows screen over int8 codes (half the bf16 screen's bytes)
 MIN_NORM = 1e-12   # |x| below this, or |w_j| raised to it: vdpbf16ps flushes denormals (absolute errors)
 
@@ -90,7 +91,7 @@ def pack_pairs(w: torch.Tensor) -> torch.Tensor:
 
 def bound_factor(k: int) -> float:
     """c of the module docstring for K input features."""
-    return (2 * U_BF16 + U_BF16 ** 2 + 2 * (k + 8) * U_F32) * 1.0625
+    return (2 * U_BF16 + U_BF16 ** 2 + 2 * (k + 8) * U_F32) * NORM_SLACK
 
 
 def int8_channel_bounds(w: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -174,7 +175,7 @@ class GreedyHead:
         if x.shape[0] <= self.int8_rows:
             approx = bufs["approx"]
             self.lib.linear(x, self.codes, None, approx)   # checked here: x [M, K] float32, approx [M, N]
-            decided = self.lib.head_candidates(approx, xnorm, self.wbound8, self.wmax8, 1.0625, idx, count)
+            decided = self.lib.head_candidates(approx, xnorm, self.wbound8, self.wmax8, NORM_SLACK, idx, count)
         else:
             approx = self.approx(x, bufs)
             decided = self.lib.head_candidates(approx, xnorm, self.wnorm, self.wmax, self.c, idx, count)

@@ -105,11 +105,12 @@ typedef struct {
 
 AI pf_t pf_plan(const char *own, int64_t bytes, int64_t K, int64_t M, int64_t b) {
     const int64_t full = M / RB;   /* blocks of RB rows; a last, smaller one prefetches nothing */
+    const int64_t step = bytes / K;
     const int far = PF_ON ? fleet_prefetch_far() : 0;
-    if (far && M > 1 && M < RB) return (pf_t){own + PF_FAR, bytes / K, 1};
-    if (far && M == 1 && bytes / K >= TILE && bytes / K < 4 * TILE) return (pf_t){own + PF_ONE_K * (bytes / K), bytes / K, 0};
+    if (far && M > 1 && M < RB) return (pf_t){own + PF_FAR, step, 1};
+    if (far && M == 1 && step >= TILE && step < 4 * TILE) return (pf_t){own + PF_ONE_K * step, step, 0};   /* bf16, int8 */
     if (!PF_ON || b >= full || M > CONTIGUOUS_ROWS) return (pf_t){NULL, 0, 0};
-    if (M == RB) return (pf_t){own + PF_AHEAD, bytes / K, far};
+    if (M == RB) return (pf_t){own + PF_AHEAD, step, far};
     const int64_t chunk = (bytes + full - 1) / full;
     return (pf_t){own + bytes + b * chunk, (chunk + K - 1) / K, far};
 }
