@@ -369,24 +369,40 @@ static const pair_fn pairs[PB + 1] = {NULL, pair_1, pair_2, pair_3, pair_4, pair
  * in blocks of PB, the rest of the tiles as the main loop does. The same bits as the main
  * loop: one chain a row (f32_tile_wide). In-process A/B on a 2-core Intel Xeon with
  * AMX (SmolLM2's shapes, 1,024 rows, alternating, medians of 40): qkv 0.91x the time, gate_up
- * 0.85x, o_proj 0.98x, down level; the throughput workload 1.05x tokens/s (ABBA, 4 runs each). */
+ * 0.85x, o_proj 0.98x, down level; the throughput workload 1.05x tokens/s (ABBA, 4 runs each).
+ *
+ * A work unit is one pair (or left-over tile) over one chunk of the rows, with the fewest
+ * chunks that give every thread as many units: a 576-channel weight has 9 pairs, which two
+ * threads took 5 and 4, so one waited a ninth of the call; in two chunks of rows they take 9
+ * units each. A row's result does not depend on its chunk (one chain a row). A chunk has at
+ * least CHUNK_ROWS rows: each reads its pairs' weights again. C harness on a 2-core Intel Xeon
+ * (family 6 model 167), two builds alternating, medians of 11-21: at 1,022 rows o_proj 0.95x
+ * and 0.96x the time, down (9 pairs each) 0.91x and 0.94x, qkv (15 pairs) 0.95x and 0.96x; at
+ * 128 rows 0.95-0.99x; at 64 rows, chunks of 32, 1.02-1.13x, hence the floor. */
+#define CHUNK_ROWS 64
 static void f32_pairs(const float *x, int64_t M, int64_t N, int64_t K, const void *data, const float *bias,
                       float *out, int num_threads) {
     const int64_t whole = N / TILE, tiles = (N + TILE - 1) / TILE, pairs_n = whole / 2;
+    const int64_t per = pairs_n + tiles - 2 * pairs_n;   /* units a chunk of rows */
+    int64_t chunks = 1;
+    while ((chunks * per) % num_threads && chunks < num_threads && M / (chunks + 1) >= CHUNK_ROWS) chunks++;
     #pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads)
-    for (int64_t u = 0; u < pairs_n + tiles - 2 * pairs_n; u++) {
+    for (int64_t unit = 0; unit < chunks * per; unit++) {
+        const int64_t u = unit % per, c = unit / per, r_lo = M * c / chunks, m = M * (c + 1) / chunks - r_lo;
+        const float *xc = x + r_lo * K;
+        float *oc = out + r_lo * N;
         if (u >= pairs_n) {   /* a tile left over: an odd one, or a last partial one */
             const int64_t t = 2 * pairs_n + (u - pairs_n);
             const int cols = tile_cols(N, t);
-            f32_tile_wide(x, M, K, data, t, cols, bias ? bias + t * TILE : NULL, out + t * TILE, N, 0);
+            f32_tile_wide(xc, m, K, data, t, cols, bias ? bias + t * TILE : NULL, oc + t * TILE, N, 0);
             continue;
         }
         const int64_t i = 2 * u;
         const float *wa = (const float *)data + i * K * TILE, *wb = wa + K * TILE;
-        for (int64_t r0 = 0; r0 < M; r0 += PB) {
-            const int R = M - r0 < PB ? (int)(M - r0) : PB;
-            pairs[R](x + r0 * K, K, wa, wb, K, bias ? bias + i * TILE : NULL, bias ? bias + (i + 1) * TILE : NULL,
-                     out + r0 * N + i * TILE, N);
+        for (int64_t r0 = 0; r0 < m; r0 += PB) {
+            const int R = m - r0 < PB ? (int)(m - r0) : PB;
+            pairs[R](xc + r0 * K, K, wa, wb, K, bias ? bias + i * TILE : NULL, bias ? bias + (i + 1) * TILE : NULL,
+                     oc + r0 * N + i * TILE, N);
         }
     }
 }
