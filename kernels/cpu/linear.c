@@ -249,7 +249,7 @@ static void f32_tile_rows(const float *x, int64_t M, int64_t K, const float *w, 
 #if defined(FLEET_AVX512)
 /* f32 calls of more than RB rows: every row is one chain of fused multiply-adds in k order
  * from zero, whatever the call (so a row's result does not depend on its batch from RB + 1
- * rows on, nor from 5: a block of 5-8 rows keeps one chain a row too). A tile's rows go in
+ * rows on, nor from 2: a block of 2-8 rows keeps one chain a row too, linear.h's SETS). A tile's rows go in
  * ceil(M / WB) passes of near-equal size, R <= WB rows each: R x 32 accumulators (24 of
  * the 32 zmm registers at 12 rows), each weight vector loaded once a pass. A single pass
  * (9-12 rows) reads the tile from memory once at 24 multiply-adds per 128 bytes, where blocks

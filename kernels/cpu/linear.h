@@ -43,8 +43,16 @@ int fleet_linear_amx_split(int fmt, const float *x, int64_t M, int64_t N, int64_
 
 #if defined(FLEET_AVX512)
 #define RB 8           /* rows per register block (32 zmm registers) */
-/* Accumulator sets for a block of R rows (independent chains of fused multiply-adds; S x R <= RB). */
-#define SETS(R) ((R) == 1 ? 4 : (R) <= RB / 2 ? 2 : 1)
+/* Accumulator sets for a block of R rows (independent chains of fused multiply-adds; S x R <= RB).
+ * One row keeps four (eight chains); from two rows on a row is one chain, as in every larger
+ * block, so an f32 row gets the same bits in calls of 2 rows as in a prefill call. Two sets
+ * for 2-4 rows had been meant to keep the FMA units busy, but those calls wait on the
+ * weights' stream, not on the chains: Intel Xeon family 6 model 167, the engine's decode
+ * steps (`decode_profile`, medians, two processes alternating, old/new/new/old) at 2 / 3 / 4
+ * rows: fp32 22.2-24.2 / 22.6-25.4 / 24.1-27.0 -> 20.6-21.3 / 20.1-20.6 / 21.1-21.9 ms, int8
+ * per channel 8.7-9.5 / 10.6-11.1 / 12.9 -> 5.9 / 6.9-7.1 / 7.3-8.3, int8-g64 at 2 / 4 rows 8.9 /
+ * 12.3-13.0 -> 6.2-6.5 / 7.9-9.1 (a C harness with the 120 f32 projections swept: 0.83-0.95x). */
+#define SETS(R) ((R) == 1 ? 4 : 1)
 #define SETS_INT4(R) ((R) == 1 ? 4 : (R) == 2 ? 2 : 1)
 #elif defined(FLEET_AVX2)
 #define RB 3           /* 16 ymm registers: a vf of 16 floats takes two */

@@ -63,13 +63,13 @@ def test_agrees_with_the_dequantized_product(fmt, n, k, group, m):
 
 @pytest.mark.parametrize("n", [960, 100, 96])
 @pytest.mark.parametrize("m", [9, 12, 13, 20, 49, 300, 1021])
-def test_f32_rows_are_the_same_bits_in_every_call_of_five_rows_or_more(n, m):
-    """AVX-512: from 5 rows on, every f32 output is one chain of multiply-adds in k order from
-    zero, whatever the call: a block of 5-8 rows, the passes of up to 12 rows past 8, the 6 x 64
+def test_f32_rows_are_the_same_bits_in_every_call_of_two_rows_or_more(n, m):
+    """AVX-512: from 2 rows on, every f32 output is one chain of multiply-adds in k order from
+    zero, whatever the call: a block of 2-8 rows, the passes of up to 12 rows past 8, the 6 x 64
     pairs past 48 rows (Intel; with an odd count of pairs and tiles left over, from 128 rows in
     two chunks of rows, so 960 and 100 channels at 300 and 1,021 rows, the latter with a bias,
-    take those). So a row gets the same bits in a prefill call as in calls of 5,
-    8, 9 or 12 rows. Channel counts with an odd tile (96) and a partial one (100) take the
+    take those). So a row gets the same bits in a prefill call as in calls of 2, 3, 4, 5, 8,
+    9 or 12 rows. Channel counts with an odd tile (96) and a partial one (100) take the
     single-tile passes in the pairs' calls. AVX2 keeps its blocks of 3 (two chains for a lone
     row): there, calls of 8 rows give the bits of a big call's rows in full blocks of 8."""
     gen = torch.Generator().manual_seed(n + m)
@@ -81,7 +81,7 @@ def test_f32_rows_are_the_same_bits_in_every_call_of_five_rows_or_more(n, m):
         blocks = torch.cat([L.linear(x[r:r + 8], w, bias) for r in range(0, rows, 8)])
         assert torch.equal(many[:rows], blocks)
         return
-    for size in (s for s in (5, 8, 9, 12) if s <= m):
+    for size in (s for s in (2, 3, 4, 5, 8, 9, 12) if s <= m):
         starts = list(range(0, m - size + 1, size)) + [m - size]   # the last call ends at the last row
         for r in starts:
             assert torch.equal(L.linear(x[r:r + size], w, bias), many[r:r + size]), (size, r)
