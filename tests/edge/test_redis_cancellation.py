@@ -19,11 +19,15 @@ from gpu_worker.edge.state import WorkerState
 from shared.tasks import cancel_and_wait
 
 
-async def _cancel_mid_call(make_call, attempts: int = 240) -> tuple[int, int, int]:
-    """Cancel ``make_call()`` after 0-11 loop turns of its round trip, ``attempts`` times:
+async def _cancel_mid_call(make_call, want: int = 120, limit: int = 2400) -> tuple[int, int, int]:
+    """Cancel ``make_call()`` after 0-11 loop turns of its round trip, until ``want``
+    cancellations found it running and some calls completed (at most ``limit`` tries: how many
+    turns a round trip takes depends on the machine; a fast one completed 160 of 240):
     (cancellations that found it running, of those the ones lost, calls that completed)."""
     lost = delivered = completed = 0
-    for i in range(attempts):
+    for i in range(limit):
+        if delivered >= want and completed and i % 12 == 0:
+            break
         task = asyncio.create_task(make_call(i))
         for _ in range(i % 12):  # let the call go that many loop turns further
             await asyncio.sleep(0)
@@ -63,7 +67,7 @@ def test_the_worker_keeps_every_cancellation_of_a_redis_round_trip(redis_server)
     raw, ours = asyncio.run(main())
     print(f"redis-py {redis.__version__}: raw pipelines lost {raw[1]} of {raw[0]} "
           f"cancellations; RedisIO.run lost {ours[1]} of {ours[0]}")
-    assert ours[0] > 100 and ours[2] > 0  # cancellations landed mid-call; some calls ended
+    assert ours[0] >= 120 and ours[2] > 0  # cancellations landed mid-call; some calls ended
     assert ours[1] == 0, f"{ours[1]} of {ours[0]} cancellations lost through RedisIO.run"
 
 
