@@ -33,12 +33,12 @@ def test_kept_rows_get_the_whole_pass_values_and_every_row_its_kv(tiny_llama_dir
     whole_caches = [(k.clone(), v.clone()) for k, v in caches]
     whole = model(ids, positions, whole_caches, plan)
     assert whole.shape[0] == n == 53
+    lib = loaded_kernels()
+    one_chain = 2 if lib is not None and lib.simd == "avx512" else 5   # rows from which every C matmul row is one chain
     for keep in ([0, 1, 22, 52], [0, 1, 5, 22, 40, 52], list(range(0, n, 3)), [52], []):
         kept_caches = [(k.clone(), v.clone()) for k, v in caches]
         got = model(ids, positions, kept_caches, plan, keep=torch.tensor(keep, dtype=torch.long))
         assert got.shape == (len(keep), whole.shape[1])
-        lib = loaded_kernels()
-        one_chain = 2 if lib is not None and lib.simd == "avx512" else 5   # rows from which every C matmul row is one chain
         if lib is not None and len(keep) >= one_chain:   # the same bits
             assert torch.equal(got, whole[keep])
         else:   # the C matmuls sum a lone row (AVX2: blocks of 1-4 rows) in more chains (torch picks its kernels by shape)
