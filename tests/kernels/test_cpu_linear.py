@@ -87,6 +87,24 @@ def test_f32_rows_are_the_same_bits_in_every_call_of_two_rows_or_more(n, m):
             assert torch.equal(L.linear(x[r:r + size], w, bias), many[r:r + size]), (size, r)
 
 
+@pytest.mark.skipif(L._library() is None or L._library().simd != "avx512" or L._library().amx_rows,
+                    reason="the AVX-512 build's decoded tiles without AMX (with AMX, many rows go to the tiles)")
+@pytest.mark.parametrize("fmt,group", [("bf16", None), ("int8", None), ("int8", 64), ("int4", 32)])
+@pytest.mark.parametrize("n,m", [(960, 61), (100, 200)])
+def test_avx512_decoded_rows_are_the_same_bits_in_every_call_past_eight_rows(fmt, group, n, m):
+    """AVX-512 without AMX: past RB (8) rows a bf16, int8 or int4 tile is decoded once into the
+    float32 buffer and read by the passes of up to 12 rows that f32 tiles take, one chain of
+    multiply-adds a row in k order (a call that ends in a lone row had given it four): so a
+    row gets the same bits in calls of 9, 12, 13, 17 or 33 rows as in the whole call."""
+    gen = torch.Generator().manual_seed(n + m)
+    w = _pack(fmt, torch.randn(n, 576, generator=gen) * 0.05, group)
+    x, bias = torch.randn(m, 576, generator=gen), torch.randn(n, generator=gen)
+    many = L.linear(x, w, bias)
+    for size in (9, 12, 13, 17, 33):
+        for r in list(range(0, m - size + 1, size)) + [m - size]:
+            assert torch.equal(L.linear(x[r:r + size], w, bias), many[r:r + size]), (size, r)
+
+
 @pytest.mark.skipif(L._library() is None or L._library().simd != "avx2", reason="the AVX2 build's decoded-tile halves")
 @pytest.mark.parametrize("fmt,group", [("bf16", None), ("int8", None), ("int8", 64), ("int4", 32)])
 @pytest.mark.parametrize("m", [5, 7, 8, 16])
