@@ -16,8 +16,9 @@
  * waiting on memory and the blocks on the FMA units in turn: 2-core AMD EPYC Zen 4, the 120
  * projections of a decode step (weights cold), two processes old/new/new/old, medians of 9:
  * int8 per channel at 9 / 32 / 64 rows 15.9-16.1 / 39.8-44.6 / 70.8-75.5 -> 14.8-15.5 /
- * 38.9-39.9 / 70.2-72.7 ms, int4-g64 16.0-16.2 / 40.6-43.6 / 69.2-72.2 -> 14.9-15.0 / 38.7-38.8
- * / 68.1-68.2 ms. A call ending in a lone row now gives it one chain, not four.
+ * 38.9-39.9 / 70.2-72.7 ms, int4-g64 16.0-16.2 / 39.8-43.6 / 69.2-72.2 -> 14.9-15.0 / 38.7-38.8
+ * / 68.1-68.2 ms (paired: 0.92-0.96x at 9 rows, 0.89-0.98x at 32, 0.93-1.03x at 64). A call
+ * ending in a lone row now gives it one chain, not four.
  *
  * Numerics: int8 weights are q * scale (per-channel int8 at most RB rows: the codes' sum
  * over k, times the scale once), int4 q * scale + min in one fused multiply-add, bf16 exact;
