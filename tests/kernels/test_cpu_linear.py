@@ -61,6 +61,15 @@ def test_agrees_with_the_dequantized_product(fmt, n, k, group, m):
     torch.testing.assert_close(y, L.reference_linear(x, w, bias), rtol=1e-4, atol=1e-4)
 
 
+def _assert_calls_give_the_same_bits(x, w, bias, many, sizes) -> None:
+    """Calls of each size over x's rows, the last one ending at the last row, give the rows of
+    ``many`` (the whole call's result) bit for bit."""
+    m = x.shape[0]
+    for size in sizes:
+        for r in list(range(0, m - size + 1, size)) + [m - size]:
+            assert torch.equal(L.linear(x[r:r + size], w, bias), many[r:r + size]), (size, r)
+
+
 @pytest.mark.parametrize("n", [960, 100, 96])
 @pytest.mark.parametrize("m", [9, 12, 13, 20, 49, 300, 1021])
 def test_f32_rows_are_the_same_bits_in_every_call_of_two_rows_or_more(n, m):
@@ -81,10 +90,7 @@ def test_f32_rows_are_the_same_bits_in_every_call_of_two_rows_or_more(n, m):
         blocks = torch.cat([L.linear(x[r:r + 8], w, bias) for r in range(0, rows, 8)])
         assert torch.equal(many[:rows], blocks)
         return
-    for size in (s for s in (2, 3, 4, 5, 8, 9, 12) if s <= m):
-        starts = list(range(0, m - size + 1, size)) + [m - size]   # the last call ends at the last row
-        for r in starts:
-            assert torch.equal(L.linear(x[r:r + size], w, bias), many[r:r + size]), (size, r)
+    _assert_calls_give_the_same_bits(x, w, bias, many, [s for s in (2, 3, 4, 5, 8, 9, 12) if s <= m])
 
 
 @pytest.mark.skipif(L._library() is None or L._library().simd != "avx512" or L._library().amx_rows,
@@ -99,10 +105,7 @@ def test_avx512_decoded_rows_are_the_same_bits_in_every_call_past_eight_rows(fmt
     gen = torch.Generator().manual_seed(n + m)
     w = _pack(fmt, torch.randn(n, 576, generator=gen) * 0.05, group)
     x, bias = torch.randn(m, 576, generator=gen), torch.randn(n, generator=gen)
-    many = L.linear(x, w, bias)
-    for size in (9, 12, 13, 17, 33):
-        for r in list(range(0, m - size + 1, size)) + [m - size]:
-            assert torch.equal(L.linear(x[r:r + size], w, bias), many[r:r + size]), (size, r)
+    _assert_calls_give_the_same_bits(x, w, bias, L.linear(x, w, bias), (9, 12, 13, 17, 33))
 
 
 @pytest.mark.skipif(L._library() is None or L._library().simd != "avx2", reason="the AVX2 build's decoded-tile halves")
