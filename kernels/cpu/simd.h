@@ -153,9 +153,13 @@ AI void vf_store_mask(float *p, vm m, vf a) {
     _mm256_maskstore_ps(p, m.lo, a.lo);
     _mm256_maskstore_ps(p + 8, m.hi, a.hi);
 }
+/* The codes as two 8-byte loads, which vpmovsxbd / vpmovzxbd take from memory, rather than one
+ * 16-byte load and a byte shift for its upper half: one shuffle fewer per 16 codes. int8 per
+ * channel at one row, [49152 x 576], one thread, alternating builds on a 2-core AMD EPYC Zen 2
+ * (family 23 model 49): 13.4-13.9 -> 15.0-15.1 G weights/s from L3, 8.3 -> 8.8-9.0 from memory. */
 AI vf vf_from_i8(const int8_t *p) {
-    const __m128i v = _mm_loadu_si128((const __m128i *)p);
-    return VF2(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v, 8))));
+    const __m128i a = _mm_loadl_epi64((const __m128i *)p), b = _mm_loadl_epi64((const __m128i *)(p + 8));
+    return VF2(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(a)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)));
 }
 AI vf vf_from_bf16(const uint16_t *p) {
     const __m128i a = _mm_loadu_si128((const __m128i *)p), b = _mm_loadu_si128((const __m128i *)(p + 8));
@@ -163,8 +167,8 @@ AI vf vf_from_bf16(const uint16_t *p) {
                _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(b), 16)));
 }
 AI void vf_from_nibbles(const uint8_t *p, vf *lo, vf *hi) {
-    const __m128i v = _mm_loadu_si128((const __m128i *)p);
-    const __m256i a = _mm256_cvtepu8_epi32(v), b = _mm256_cvtepu8_epi32(_mm_srli_si128(v, 8));
+    const __m256i a = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)),
+                  b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + 8)));
     const __m256i low = _mm256_set1_epi32(15);
     *lo = VF2(_mm256_cvtepi32_ps(_mm256_and_si256(a, low)), _mm256_cvtepi32_ps(_mm256_and_si256(b, low)));
     *hi = VF2(_mm256_cvtepi32_ps(_mm256_srli_epi32(a, 4)), _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4)));
