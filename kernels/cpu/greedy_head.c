@@ -173,47 +173,62 @@ int fleet_bf16dot(const float *x, int64_t M, int64_t N, int64_t K, const uint16_
 #endif
 }
 
+/* The largest of a[0, N), and *bad set where any of them is a NaN or an infinity (x - x is
+ * NaN exactly there, and a sum that meets a NaN stays NaN). */
+static float row_max(const float *a, int64_t N, int *bad) {
+    float top = -INFINITY;
+    int64_t j = 0;
+#if defined(FLEET_SIMD)
+    vf vmax = vf_set1(-INFINITY), unord = vf_zero();
+    for (; j + 16 <= N; j += 16) {
+        const vf v = vf_load(a + j);
+        unord = vf_add(unord, vf_sub(v, v));
+        vmax = vf_max(vmax, v);
+    }
+    top = vf_hmax(vmax);
+    if (isnan(vf_sum(unord))) *bad = 1;
+#endif
+    for (; j < N; j++) {
+        if (!isfinite(a[j])) *bad = 1;
+        if (a[j] > top) top = a[j];
+    }
+    return top;
+}
+
 /* Candidates of each row (see the header): their indices, ascending, into idx[m * cap ..],
  * their number into count[m]. wmax: the largest wnorm. Returns 0; 1 when a row's approx
  * holds a NaN or an infinity, or it has more than cap candidates (the caller then takes the
- * full head); -1 where the kernel does not run. */
+ * full head). Vector code on AVX-512 and AVX2 (simd.h), else the same loops in scalar: the
+ * int8 screen runs wherever linear.c's int8 kernel does. */
 int fleet_head_candidates(const float *approx, int64_t M, int64_t N, const float *xnorm, const float *wnorm,
                           float wmax, double c, int64_t cap, int64_t *idx, int64_t *count, int num_threads) {
-#if defined(SCREEN)
     int failed = 0;
     #pragma omp parallel for schedule(static) num_threads(num_threads) reduction(| : failed)
     for (int64_t m = 0; m < M; m++) {
         const float *a = approx + m * N;
         count[m] = 0;
-        /* The largest value, and whether any is NaN or infinite (x - x is NaN exactly there). */
-        __m512 vmax = _mm512_set1_ps(-INFINITY);
-        __mmask16 bad = 0;
-        int64_t j = 0;
-        for (; j + 16 <= N; j += 16) {
-            const __m512 v = _mm512_loadu_ps(a + j);
-            bad |= _mm512_cmp_ps_mask(_mm512_sub_ps(v, v), _mm512_sub_ps(v, v), _CMP_UNORD_Q);
-            vmax = _mm512_max_ps(vmax, v);
-        }
-        float top = _mm512_reduce_max_ps(vmax);
-        for (; j < N; j++) {
-            if (!isfinite(a[j])) bad = 1;
-            if (a[j] > top) top = a[j];
-        }
+        int bad = 0;
+        const float top = row_max(a, N, &bad);
         if (bad || !isfinite(top)) { failed = 1; continue; }
         int64_t k = 0;
         while (a[k] != top) k++;
         const double e = c * (double)xnorm[m];
         const double floor_ = (double)top - e * (double)wnorm[k];
-        /* A float bound below every candidate (wnorm[j] <= wmax) skips most j in vector compares. */
+        /* A float bound below every candidate (wnorm[j] <= wmax): most of a row is skipped 64
+         * values at a time on one vector compare. */
         const float pre = nextafterf((float)(floor_ - e * (double)wmax), -INFINITY);
-        const __m512 vpre = _mm512_set1_ps(pre);
         int64_t n = 0;
-        for (j = 0; j < N && !failed; j += 16) {
-            const __mmask16 lanes = N - j >= 16 ? 0xFFFF : (__mmask16)((1u << (N - j)) - 1u);
-            __mmask16 hit = _mm512_mask_cmp_ps_mask(lanes, _mm512_maskz_loadu_ps(lanes, a + j), vpre, _CMP_GE_OQ);
-            for (; hit; hit &= hit - 1) {
-                const int64_t i = j + __builtin_ctz(hit);
-                if ((double)a[i] + e * (double)wnorm[i] < floor_) continue;
+        for (int64_t j = 0; j < N && !failed; j += 64) {
+            const int64_t end = N - j < 64 ? N : j + 64;
+#if defined(FLEET_SIMD)
+            if (end == j + 64) {
+                const vf v = vf_max(vf_max(vf_load(a + j), vf_load(a + j + 16)),
+                                    vf_max(vf_load(a + j + 32), vf_load(a + j + 48)));
+                if (vf_hmax(v) < pre) continue;
+            }
+#endif
+            for (int64_t i = j; i < end; i++) {
+                if (a[i] < pre || (double)a[i] + e * (double)wnorm[i] < floor_) continue;
                 if (n == cap) { failed = 1; break; }
                 idx[m * cap + n++] = i;
             }
@@ -221,9 +236,4 @@ int fleet_head_candidates(const float *approx, int64_t M, int64_t N, const float
         count[m] = failed ? 0 : n;
     }
     return failed;
-#else
-    (void)approx; (void)M; (void)N; (void)xnorm; (void)wnorm; (void)wmax; (void)c; (void)cap; (void)idx;
-    (void)count; (void)num_threads;
-    return -1;
-#endif
 }

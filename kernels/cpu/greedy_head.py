@@ -38,7 +38,10 @@ the bf16 screen's 2, 2.9 and 22).
 
 It returns None (the caller then takes the full head) where the screen cannot decide: a
 row with a non-finite value or a tiny |x|, more than ``cap`` candidates, or a union too
-large to be worth it; and it is not built where the CPU lacks AVX-512. On AVX-512 CPUs
+large to be worth it. On AVX2 CPUs (no AVX-512: no bf16 pass) only the int8 screen runs, so
+calls of more than ``int8_rows`` rows are declined too (the engine sets it to 32 there,
+``gpu_worker/model/ops/cpu_linear.py``); the candidates' scan (``greedy_head.c``) runs on
+either instruction set, and without both, as scalar loops. On AVX-512 CPUs
 without AVX512_BF16 the screen widens the bf16 values to float32 and multiplies them there
 (:func:`mode` "widened"): the same bytes, so it pays where the head is memory-bound, but the
 fp32 head's multiply-adds, so not past a few rows; ``max_rows`` then declines larger calls.
@@ -74,9 +77,15 @@ def on_amx(k: int) -> bool:
         and lib.bf16_dot_tuning() > 0
 
 
+def int8_available() -> bool:
+    """The int8 screen runs here: linear.c's int8 kernel has its fast path (AVX-512 or AVX2)."""
+    return process_kernels() is not None and packed_linear.supported("int8")
+
+
 def available() -> bool:
-    """The C kernels built and the screen runs on this CPU (:func:`mode`)."""
-    return mode() is not None
+    """The C kernels built and some screen runs on this CPU: the bf16 pass (:func:`mode`, AVX-512)
+    or the int8 screen of few rows (:func:`int8_available`, AVX-512 or AVX2)."""
+    return mode() is not None or int8_available()
 
 
 def pack_pairs(w: torch.Tensor) -> torch.Tensor:
@@ -116,21 +125,24 @@ class GreedyHead:
                  max_union: float = 0.125, max_rows: int | None = None, int8_rows: int = INT8_ROWS) -> None:
         if packed.fmt != "f32" or tuple(weight.shape) != (packed.n, packed.k):
             raise ValueError("GreedyHead screens an f32-packed head of the weight's shape")
-        if not available():
-            raise RuntimeError("the bf16 screen needs the C kernels and AVX-512")
-        self.max_rows = max_rows   # calls of more rows are declined (argmax None): the full head is faster
+        self.int8_rows = int8_rows if int8_rows > 0 and int8_available() else 0
+        self.bf16 = mode() is not None   # without it (AVX2), calls past int8_rows are declined
+        if not self.bf16 and not self.int8_rows:
+            raise RuntimeError("the head's screen needs the C kernels, and AVX-512 for its bf16 pass "
+                               "or int8_rows > 0 for the int8 screen (AVX-512 or AVX2)")
+        # Calls of more rows are declined (argmax None): the full head is as fast there.
+        self.max_rows = max_rows if self.bf16 else min(max_rows or self.int8_rows, self.int8_rows)
         self.lib = process_kernels()
         self.weight = weight.detach().float().contiguous()
         self.n, self.k = packed.n, packed.k
-        self.pairs = pack_pairs(self.weight)
+        self.pairs = pack_pairs(self.weight) if self.bf16 else None
         norms = self.weight.double().norm(dim=1).clamp_min(MIN_NORM) * (1 + 2 ** -20)
         self.wnorm = norms.float().contiguous()
         self.wmax = float(self.wnorm.max())
         self.c = bound_factor(self.k)
         self.cap, self.max_union = cap, int(max_union * self.n)
-        # The int8 screen for calls of up to int8_rows rows (0: none; settable, for A/B runs).
-        # (the codes, 28 MB for SmolLM2, only where it is on at construction).
-        self.int8_rows = int8_rows if int8_rows > 0 and packed_linear.supported("int8") else 0
+        # The int8 screen for calls of up to int8_rows rows (0: none; settable, for A/B runs where
+        # the bf16 pass runs) (the codes, 28 MB for SmolLM2, only where it is on at construction).
         if self.int8_rows:
             codes, scale = quantize_int8(self.weight)   # one scale a channel, max |w_j| / 127
             self.codes = packed_linear.pack_int8(codes, scale)
@@ -154,6 +166,8 @@ class GreedyHead:
 
     def approx(self, x: torch.Tensor, bufs: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
         """bf16(x) . bf16(W) [M, V] float32 (the screen's pass; into ``bufs["approx"]`` when given)."""
+        if not self.bf16:
+            raise RuntimeError("the bf16 pass needs AVX-512: this head screens over int8 codes only")
         x = x.float().contiguous()
         if bufs is None:
             bufs = {"approx": torch.empty(x.shape[0], self.n),
@@ -172,6 +186,8 @@ class GreedyHead:
         xnorm = (xnorm * (1 + 2 ** -20)).float()
         bufs = self.scratch(x.shape[0])
         idx, count = bufs["idx"], bufs["count"]
+        if x.shape[0] > self.int8_rows and not self.bf16:
+            return None   # the bf16 pass does not run here
         if x.shape[0] <= self.int8_rows:
             approx = bufs["approx"]
             self.lib.linear(x, self.codes, None, approx)   # checked here: x [M, K] float32, approx [M, N]

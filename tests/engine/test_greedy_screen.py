@@ -6,7 +6,7 @@ import pytest
 from gpu_worker import LLM, SamplingParams
 from kernels.cpu import greedy_head
 
-pytestmark = pytest.mark.skipif(not greedy_head.available(), reason="the bf16 screen needs AVX-512")
+pytestmark = pytest.mark.skipif(not greedy_head.available(), reason="the screen needs the C kernels' AVX2 or AVX-512 path")
 
 PROMPTS = [[1, 500 + 7 * i, 900 + i, 40 + 3 * i] * (1 + i % 4) for i in range(12)]
 
@@ -27,11 +27,24 @@ def test_greedy_tokens_are_those_of_the_full_head(tiny_llama_dir):
     params = [SamplingParams(temperature=0, max_tokens=12 + i, ignore_eos=True) for i in range(len(PROMPTS))]
     screened = LLM(tiny_llama_dir, kv_cache_memory=16 << 20)
     full = LLM(tiny_llama_dir, kv_cache_memory=16 << 20, greedy_screen=False)
-    assert screened.engine.model.greedy_head is not None and full.engine.model.greedy_head is None
-    calls = counting_full_head(screened)
+    head = screened.engine.model.greedy_head
+    assert head is not None and full.engine.model.greedy_head is None
+    calls, decided, argmax = counting_full_head(screened), [], head.argmax
+
+    def counting_argmax(x):
+        tokens = argmax(x)
+        if tokens is not None:
+            decided.append(x.shape[0])
+        return tokens
+
+    head.argmax = counting_argmax
     got = [o.token_ids for o in screened.generate(PROMPTS, params)]
     assert got == [o.token_ids for o in full.generate(PROMPTS, params)]
-    assert calls == []   # every step's rows were greedy: none computed the full head
+    # Every step's rows were greedy: the screen decided each step of up to max_rows rows (all
+    # of them with AVX-512's bf16 pass; on AVX2, up to AVX2_SCREEN_ROWS), the full head only the larger.
+    limit = head.max_rows or len(PROMPTS)
+    assert decided and max(decided) <= limit
+    assert all(n > limit for n in calls)
 
 
 def test_rows_that_need_the_logits_get_them(tiny_llama_dir):

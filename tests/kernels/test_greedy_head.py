@@ -2,8 +2,8 @@
 its bound, and its tokens against the full packed fp32 head's argmax, on data built to sit
 at the edge of the bound (near ties, exact ties, loud input channels). The screen's pass runs
 on AVX-512 (vdpbf16ps, or widened) or, where the CPU has AMX and K is a multiple of 32, on
-the tiles, or over int8 codes for calls of few rows: the `path` fixture runs each test on
-every path that runs here (`bf16_path` the tests of the bf16 pass alone)."""
+the tiles, or over int8 codes for calls of few rows (AVX-512 or AVX2): the `path` fixture
+runs each test on every path that runs here (`bf16_path` the tests of the bf16 pass alone)."""
 import numpy as np
 import pytest
 import torch
@@ -12,7 +12,7 @@ from kernels.cpu import greedy_head, process_kernels
 from kernels.cpu import linear as packed_linear
 from kernels.cpu.greedy_head import GreedyHead, bound_factor, pack_pairs, reference_bf16_dot
 
-pytestmark = pytest.mark.skipif(not greedy_head.available(), reason="the bf16 screen needs AVX-512")
+pytestmark = pytest.mark.skipif(not greedy_head.available(), reason="the screen needs the C kernels' AVX2 or AVX-512 path")
 
 
 _INT8_ROWS = [0]   # the heads that head() builds screen calls of up to this many rows over int8 codes
@@ -22,6 +22,8 @@ def _screen_path(param: str):
     """The screen's pass: bf16 on AVX-512, bf16 on the AMX tiles (skipped where the CPU has
     no AMX), or int8 codes (every call, whatever its rows)."""
     lib = process_kernels()
+    if param != "int8" and lib.bf16dot is None:
+        pytest.skip("the bf16 pass needs AVX-512")
     if param == "amx" and not (lib.bf16dot == "native" and lib.amx_rows > 0):
         pytest.skip("the AMX screen needs AMX-BF16")
     before = lib.bf16_dot_tuning()
@@ -107,7 +109,7 @@ def test_tokens_are_the_full_heads_argmax_on_near_ties(m, path):
     g = head(w, cap=512, max_union=0.5)   # 3,000 channels: the near ties alone are a tenth
     want = full_argmax(x, w)
     assert g.argmax(x) == want
-    if m >= 8:   # the screen alone would have picked wrong: the recompute decided
+    if m >= 8 and g.bf16:   # the screen alone would have picked wrong: the recompute decided
         assert g.approx(x).numpy().argmax(axis=1).tolist()[: m // 2] != want[: m // 2]
 
 
@@ -165,7 +167,7 @@ def test_it_declines_what_it_cannot_decide(path):
         GreedyHead(w, packed_linear.pack_bf16(w))
 
 
-def test_scratch_grows_and_is_reused():
+def test_scratch_grows_and_is_reused(path):
     gen = torch.Generator().manual_seed(6)
     w = torch.randn(100, 32, generator=gen)
     g = head(w, max_union=1.0)
@@ -176,7 +178,7 @@ def test_scratch_grows_and_is_reused():
     assert isinstance(np.asarray(g.candidates(x)[0]), np.ndarray)
 
 
-@pytest.mark.parametrize("m,n,k", [(1, 1000, 64), (3, 77, 130), (8, 4099, 576)])
+@pytest.mark.parametrize("m,n,k", [(1, 1000, 64), (3, 77, 130), (8, 4099, 576), (32, 517, 576)])
 def test_the_int8_screens_bound_holds(m, n, k):
     # Loud input channels, channels of very different ranges, one all zero: the int8 screen's
     # approximation against the exact product, within |x| times each channel's bound.
@@ -194,6 +196,8 @@ def test_the_int8_screens_bound_holds(m, n, k):
 
 
 def test_the_int8_screen_takes_small_calls_and_the_bf16_pass_the_rest(monkeypatch):
+    # Without the bf16 pass (no AVX-512) the calls past int8_rows are declined instead: the
+    # caller computes the whole head for them.
     gen = torch.Generator().manual_seed(11)
     w = torch.randn(3000, 256, generator=gen) * 0.05
     g = head(w, int8_rows=4)
@@ -201,5 +205,20 @@ def test_the_int8_screen_takes_small_calls_and_the_bf16_pass_the_rest(monkeypatc
     monkeypatch.setattr(g.lib, "linear", lambda x, wt, *a: calls.append((x.shape[0], wt.fmt)) or real(x, wt, *a))
     for m in (1, 4, 5, 9):
         x = loud_rows(m, 256, gen)
-        assert g.argmax(x) == full_argmax(x, w)
+        assert g.argmax(x) == (full_argmax(x, w) if g.bf16 or m <= 4 else None)
     assert [m for m, fmt in calls if fmt == "int8"] == [1, 4]
+    assert g.max_rows == (None if g.bf16 else 4)
+
+
+def test_without_the_bf16_pass_it_needs_the_int8_screen(monkeypatch):
+    monkeypatch.setattr(greedy_head, "mode", lambda: None)   # a CPU without AVX-512
+    w = torch.randn(100, 32, generator=torch.Generator().manual_seed(12))
+    with pytest.raises(RuntimeError, match="int8_rows"):
+        head(w, int8_rows=0)
+    g = head(w, int8_rows=3, max_rows=12)
+    assert (g.bf16, g.pairs, g.max_rows) == (False, None, 3)
+    x = loud_rows(3, 32, torch.Generator().manual_seed(13))
+    assert g.argmax(x) == full_argmax(x, w) and g.argmax(torch.cat([x, x])) is None
+    assert g.candidates(torch.cat([x, x])) is None
+    with pytest.raises(RuntimeError, match="AVX-512"):
+        g.approx(x)

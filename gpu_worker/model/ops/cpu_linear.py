@@ -156,27 +156,40 @@ def pack_dense_for_cpu(model: nn.Module, fmt: str) -> int:
 # engine (screen on and off in alternate steps, medians of 30): 0.95x at batch 1 and 4, 0.97x
 # at 8 and 12.
 WIDENED_MAX_ROWS = 12
+# Without AVX-512 (AVX2: no bf16 pass) calls of up to this many rows screen over the head's int8
+# codes, larger ones compute the whole head. 2-core AMD EPYC Zen 2 (family 23 model 49), the
+# head alone ([49152 x 576], synthetic loud rows, alternating, medians of 9): 0.53x the full
+# head's time at 1 row, 0.69x at 4 and 8, 0.76x at 16, 0.84x at 32, 0.94x at 48, 0.96x at 64;
+# the throughput workload in one process (screen limits alternating, 3 runs each, the same
+# tokens): head 1.55-1.61 s a run with the full head, 1.44-1.46 up to 8 rows, 1.35-1.38 up to
+# 16, 1.32-1.35 up to 32 (runs 20.78-21.00 s -> 20.14-20.76).
+AVX2_SCREEN_ROWS = 32
 
 
 def install_greedy_head(model: nn.Module) -> bool:
     """Give a model whose LM head is packed f32 tiles a :class:`kernels.cpu.greedy_head.GreedyHead`
     (``model.greedy_head``: greedy rows' tokens from a bf16 screen and an exact recompute of
-    the few candidates, the same tokens as the full head) where the CPU has AVX-512: with
-    AVX512_BF16 at any row count; without it (the screen widened to float32 multiply-adds)
-    up to WIDENED_MAX_ROWS rows, past which the full head is as fast. The log says which.
-    Returns whether it did."""
+    the few candidates, the same tokens as the full head): with AVX512_BF16 at any row count;
+    on other AVX-512 CPUs (the bf16 screen widened to float32 multiply-adds) up to
+    WIDENED_MAX_ROWS rows; on AVX2 CPUs (an int8 screen only) up to AVX2_SCREEN_ROWS; past
+    those the full head is as fast. The log says which. Returns whether it did."""
     head, packed = getattr(model, "lm_head", None), getattr(model, "packed_head", None)
     if not isinstance(packed, CpuPackedLinear) or packed.fmt != "f32" or packed.bias is not None \
             or not isinstance(head, torch.Tensor) or head.dtype != torch.float32 or head.shape[1] % 2:
         return False
     mode = greedy_head.mode()
-    if mode is None:
-        logger.info("greedy rows compute the whole fp32 LM head: the bf16 screen needs AVX-512, "
-                    "which this CPU (or the C kernels' build) lacks")
+    if mode is None and not greedy_head.int8_available():
+        logger.info("greedy rows compute the whole fp32 LM head: its screen needs the C kernels' int8 path "
+                    "(AVX2 or AVX-512), which this CPU (or the build) lacks")
         return False
-    max_rows = None if mode == "native" else WIDENED_MAX_ROWS
-    model.greedy_head = greedy_head.GreedyHead(head, packed.packed, max_rows=max_rows)
-    if mode == "native":
+    max_rows = WIDENED_MAX_ROWS if mode == "widened" else None   # without AVX-512: AVX2_SCREEN_ROWS, below
+    model.greedy_head = greedy_head.GreedyHead(head, packed.packed, max_rows=max_rows,
+                                               int8_rows=greedy_head.INT8_ROWS if mode else AVX2_SCREEN_ROWS)
+    if mode is None:
+        logger.info("greedy steps of up to %d rows take their token from an int8 screen of the LM head and the "
+                    "exact fp32 logits of its candidates; larger steps compute the whole fp32 head (the bf16 "
+                    "screen needs AVX-512)", model.greedy_head.max_rows)
+    elif mode == "native":
         logger.info("greedy rows take their token from a screen of the LM head (int8 codes up to %d rows, "
                     "else bf16 on %s) and the exact fp32 logits of its candidates", model.greedy_head.int8_rows,
                     "AMX tiles" if greedy_head.on_amx(head.shape[1]) else "AVX512_BF16")
