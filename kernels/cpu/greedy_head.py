@@ -180,14 +180,14 @@ class GreedyHead:
         x = x.float().contiguous()
         if x.dim() != 2 or x.shape[1] != self.k:
             raise ValueError(f"x must be [M, {self.k}], got {tuple(x.shape)}")
+        if x.shape[0] > self.int8_rows and not self.bf16:
+            return None   # the bf16 pass does not run here
         xnorm = x.double().norm(dim=1)
         if not bool(torch.isfinite(xnorm).all()) or bool((xnorm < MIN_NORM).any()):
             return None
         xnorm = (xnorm * (1 + 2 ** -20)).float()
         bufs = self.scratch(x.shape[0])
         idx, count = bufs["idx"], bufs["count"]
-        if x.shape[0] > self.int8_rows and not self.bf16:
-            return None   # the bf16 pass does not run here
         if x.shape[0] <= self.int8_rows:
             approx = bufs["approx"]
             self.lib.linear(x, self.codes, None, approx)   # checked here: x [M, K] float32, approx [M, N]
