@@ -14,6 +14,7 @@ from gpu_worker.model.quant.checkpoint import load_quantized, save_quantized
 from gpu_worker.model.quant.cpu_pack import pack_quantized
 from gpu_worker.model.quant.quantize import Int8Linear, quantize_model, weight_bytes
 from gpu_worker.testing import make_tiny_model
+from kernels.cpu import greedy_head
 from kernels.cpu import linear as packed_linear
 from kernels.quantize import quantize_int4, quantize_int8
 
@@ -139,3 +140,28 @@ def test_the_log_says_what_computes_each_packed_format(tiny_dir, monkeypatch, ca
     line = f"CPU matmuls over int8 weights: {packed_linear.instructions('int8')}"
     assert caplog.text.count(line) == 1                    # once per format and process
     assert "CPU matmuls over f32 weights" in caplog.text   # the LM head stays float
+
+
+@pytest.mark.parametrize("mode, vendor, amx, rows", [
+    (None, "AuthenticAMD", False, cpu_linear.AVX2_SCREEN_ROWS),          # AVX2: the int8 screen only
+    ("native", "AuthenticAMD", False, cpu_linear.FAST_BF16_INT8_ROWS),  # AMD's full-rate vdpbf16ps
+    ("native", "GenuineIntel", False, greedy_head.INT8_ROWS),
+    ("native", "AuthenticAMD", True, greedy_head.INT8_ROWS),             # the bf16 pass on AMX tiles
+    ("widened", "AuthenticAMD", False, greedy_head.INT8_ROWS),
+])
+def test_the_greedy_heads_int8_limit_follows_the_cpu(mode, vendor, amx, rows, monkeypatch):
+    monkeypatch.setattr(cpu_linear, "cpu_vendor", lambda: vendor)
+    monkeypatch.setattr(greedy_head, "on_amx", lambda k: amx)
+    assert cpu_linear.screen_int8_rows(mode, 576) == rows
+
+
+def test_cpu_vendor_and_flags_read_proc_cpuinfo(monkeypatch, tmp_path):
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu avx2 avx512f\n\n"
+                    "processor\t: 1\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu avx2 avx512f\n")
+    real = cpu_linear.Path
+    monkeypatch.setattr(cpu_linear, "Path", lambda p: info if p == "/proc/cpuinfo" else real(p))
+    assert cpu_linear.cpu_vendor() == "AuthenticAMD"
+    assert cpu_linear.cpu_flags() == {"fpu", "avx2", "avx512f"}
+    monkeypatch.setattr(cpu_linear, "Path", lambda p: tmp_path / "missing")
+    assert cpu_linear.cpu_vendor() == "" and cpu_linear.cpu_flags() == set()
