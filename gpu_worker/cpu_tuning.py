@@ -10,6 +10,15 @@ The KV cache is the other large allocation: gigabytes that decode attention read
 scattered 16-token blocks. With 4 KiB pages every block costs TLB misses, and Linux gives
 transparent huge pages only to memory that asks for them where THP is set to ``madvise``
 (the usual default). :func:`zeros_on_huge_pages` asks.
+
+The packed weights are the third: a decode step of few rows streams all of them (424 MB for
+SmolLM2 in fp32), and on 4 KiB pages that stream crosses a page, hence a TLB miss and a stop
+for the hardware prefetchers, every 4 KiB. :func:`huge_page_copies` moves a model's packed
+weights into one mapping on huge pages. In-process A/B on a 2-core AMD EPYC Zen 4 (family 25
+model 17), SmolLM2's 120 f32 projections of a decode step (fresh copies, caches flushed,
+alternating, medians of 7): 0.91-0.92x the time at 1 row, 0.94x at 2, 0.95-0.97x at 4, 0.92x
+at 12, 0.98x at 34. ``FLEET_HUGE_PAGES=0`` turns both placements off (plain memory), for A/B
+runs.
 """
 from __future__ import annotations
 
@@ -18,7 +27,9 @@ import ctypes.util
 import logging
 import math
 import mmap
+import os
 import sys
+from collections.abc import Sequence
 
 import torch
 
@@ -48,19 +59,69 @@ def tune_allocator() -> bool:
     return ok
 
 
+def huge_pages_wanted() -> bool:
+    """False where ``FLEET_HUGE_PAGES=0`` asks for plain memory, or the platform has no THP advice."""
+    return os.environ.get("FLEET_HUGE_PAGES", "1") != "0" and hasattr(mmap, "MADV_HUGEPAGE")
+
+
+def _advised_mapping(nbytes: int) -> mmap.mmap:
+    buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)   # zero-filled
+    try:
+        buf.madvise(mmap.MADV_HUGEPAGE)
+    except OSError:                            # THP off or unsupported: 4 KiB pages
+        pass
+    return buf
+
+
 def zeros_on_huge_pages(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """A zeroed CPU tensor on its own anonymous mapping, advised onto transparent huge pages
     before it is first touched (where the platform has the advice; else plain memory). Its own
     mapping, not malloc's: glibc may hand out a large free chunk of its heap, already backed
     by 4 KiB pages, even for a request above its mmap threshold."""
     nbytes = math.prod(shape) * dtype.itemsize
-    if nbytes < 2 * _HUGE_PAGE or not hasattr(mmap, "MADV_HUGEPAGE"):
+    if nbytes < 2 * _HUGE_PAGE or not huge_pages_wanted():
         return torch.zeros(shape, dtype=dtype)
-    buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)   # zero-filled
-    try:
-        buf.madvise(mmap.MADV_HUGEPAGE)
-    except OSError:                            # THP off or unsupported: 4 KiB pages
-        pass
     # The tensor keeps the mapping alive; writing it now faults every page in up front (the
     # memory is committed at start, not during the first requests).
-    return torch.frombuffer(buf, dtype=dtype).view(shape).zero_()
+    return torch.frombuffer(_advised_mapping(nbytes), dtype=dtype).view(shape).zero_()
+
+
+def huge_page_copies(tensors: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
+    """Copies of CPU ``tensors`` (None passes through), one after another (64-byte aligned) in a
+    single anonymous mapping advised onto transparent huge pages, its first byte on a huge-page
+    boundary, so that a stream through them crosses no 4 KiB page. Each copy is contiguous, of
+    its tensor's shape and dtype; together they keep the mapping alive. Under two huge pages
+    in all, or without the advice (``huge_pages_wanted``), the tensors come back as they are
+    (contiguous). The callers drop the originals; :func:`release_free_heap` then gives their
+    memory back."""
+    offsets, total = [], 0
+    for t in tensors:
+        offsets.append(total)
+        if t is not None:
+            total += -(-t.numel() * t.element_size() // 64) * 64
+    if total < 2 * _HUGE_PAGE or not huge_pages_wanted():
+        return [None if t is None else t.contiguous() for t in tensors]
+    buf = _advised_mapping(total + _HUGE_PAGE)
+    arena = torch.frombuffer(buf, dtype=torch.uint8)
+    start = -arena.data_ptr() % _HUGE_PAGE
+    out: list[torch.Tensor | None] = []
+    for t, off in zip(tensors, offsets):
+        if t is None:
+            out.append(None)
+            continue
+        n = t.numel() * t.element_size()
+        piece = arena[start + off:start + off + n].view(t.dtype).view(t.shape)
+        out.append(piece.copy_(t))
+    return out
+
+
+def release_free_heap() -> bool:
+    """Give the C heap's free pages back to the kernel (glibc's malloc_trim; False elsewhere):
+    after a load whose large temporaries :func:`tune_allocator` keeps in the heap."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return bool(libc.malloc_trim(0))
+    except (OSError, AttributeError):
+        return False

@@ -14,7 +14,7 @@ from gpu_worker.model.loader import load_state_dict
 from gpu_worker.model.ops.backends import select_ops
 from gpu_worker.model.ops.cpu_fused import install as install_fused_decode
 from gpu_worker.model.ops.cpu_linear import (CpuPackedLinear, install_greedy_head, kernel_runs, pack_dense_for_cpu,
-                                             report_instructions)
+                                             place_on_huge_pages, report_instructions)
 from gpu_worker.model.ops.onednn import pack_for_cpu, pack_head
 
 logger = logging.getLogger(__name__)
@@ -62,9 +62,10 @@ def build_model(config: EngineConfig, cfg: ModelConfig, model_dir: Path, max_mod
     elif config.onednn:
         pack_for_cpu(model)
     report_instructions(model)    # what computes each packed format here, once in the log
-    install_fused_decode(model)   # when every projection is packed for the CPU kernels
     if config.greedy_screen:
         install_greedy_head(model)   # when the LM head is packed f32 tiles and the CPU has AVX-512
+    place_on_huge_pages(model)    # the packed weights, before the fused layers take their pointers
+    install_fused_decode(model)   # when every projection is packed for the CPU kernels
     return model
 
 

@@ -1,11 +1,37 @@
 """The process-wide CPU settings: the huge-page KV cache must be an ordinary zeroed tensor
-whatever the kernel does with the advice."""
+whatever the kernel does with the advice, and packed weights moved onto huge pages the same
+values, computing the same tokens."""
 import sys
 
 import pytest
 import torch
 
-from gpu_worker.cpu_tuning import zeros_on_huge_pages
+from gpu_worker import cpu_tuning
+from gpu_worker.cpu_tuning import huge_page_copies, zeros_on_huge_pages
+
+
+
+def _thp_on() -> bool:
+    try:
+        return "[never]" not in open("/sys/kernel/mm/transparent_hugepage/enabled").read()
+    except OSError:
+        return False
+
+
+LINUX_THP = sys.platform.startswith("linux") and _thp_on()
+
+
+def huge_bytes(start: int, end: int) -> int:
+    """Bytes of huge pages (smaps' AnonHugePages) in the mappings that overlap [start, end)."""
+    huge, region = 0, None
+    for line in open("/proc/self/smaps"):
+        head = line.split()[0]
+        if "-" in head and not head.endswith(":"):
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            region = (lo, hi) if lo < end and hi > start else None
+        elif region and head == "AnonHugePages:":
+            huge += int(line.split()[1]) << 10
+    return huge
 
 
 @pytest.mark.parametrize("shape", [(3, 5), (300, 16, 3, 64)])    # below and above the 4 MiB floor
@@ -17,20 +43,69 @@ def test_zeros_on_huge_pages_is_a_zeroed_tensor(shape):
     assert t.sum().item() == t.numel()
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="transparent huge pages are Linux's")
+@pytest.mark.skipif(not LINUX_THP, reason="transparent huge pages are Linux's, and off on this machine")
 def test_a_large_kv_cache_asks_for_huge_pages():
-    mode = open("/sys/kernel/mm/transparent_hugepage/enabled").read()
-    if "[never]" in mode:
-        pytest.skip("transparent huge pages are off on this machine")
     t = zeros_on_huge_pages(((64 << 20) // 4,), torch.float32)  # 64 MiB
-    start, end = t.data_ptr(), t.data_ptr() + t.numel() * 4
-    huge = 0
-    region = None
-    for line in open("/proc/self/smaps"):
-        head = line.split()[0]
-        if "-" in head and not head.endswith(":"):
-            lo, hi = (int(x, 16) for x in head.split("-"))
-            region = (lo, hi) if lo < end and hi > start else None
-        elif region and head == "AnonHugePages:":
-            huge += int(line.split()[1]) << 10
+    huge = huge_bytes(t.data_ptr(), t.data_ptr() + t.numel() * 4)
     assert huge >= 32 << 20, f"only {huge >> 20} MiB of the tensor is on huge pages"
+
+
+def _weights():
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(3000, 576, generator=g), None, torch.randint(-128, 127, (960, 577), dtype=torch.int8, generator=g),
+            torch.randn(7, generator=g).bfloat16(), torch.randn(2000, 3, generator=g).t(), torch.empty(0, 5)]
+
+
+def test_huge_page_copies_are_equal_contiguous_and_their_own():
+    ts = _weights()
+    copies = huge_page_copies(ts)
+    assert copies[1] is None
+    for t, c in zip(ts, copies):
+        if t is None:
+            continue
+        assert c.shape == t.shape and c.dtype == t.dtype and c.is_contiguous()
+        assert torch.equal(c, t)
+        if t.numel():
+            assert c.data_ptr() % 64 == 0
+    assert copies[0].data_ptr() % (2 << 20) == 0   # the first on a huge-page boundary
+    storages = {c.untyped_storage().data_ptr() for c in copies if c is not None}
+    assert len(storages) == 1   # one mapping
+    ts[0].fill_(1.0)            # copies, not views of the originals
+    assert not torch.equal(copies[0], ts[0])
+
+
+def test_huge_page_copies_keep_small_sets_and_obey_the_switch(monkeypatch):
+    small = [torch.randn(4, 4), torch.randn(3, 5).t()]
+    out = huge_page_copies(small)
+    assert out[0] is small[0] and torch.equal(out[1], small[1]) and out[1].is_contiguous()
+    monkeypatch.setenv("FLEET_HUGE_PAGES", "0")
+    ts = _weights()
+    out = huge_page_copies(ts)
+    assert out[0] is ts[0] and out[2] is ts[2]   # as they were
+    assert not cpu_tuning.huge_pages_wanted()
+
+
+@pytest.mark.skipif(not LINUX_THP, reason="transparent huge pages are Linux's, and off on this machine")
+def test_huge_page_copies_land_on_huge_pages():
+    big = [torch.randn((16 << 20) // 16, 4) for _ in range(4)]   # 4 x 16 MiB
+    copies = huge_page_copies(big)
+    start = copies[0].data_ptr()
+    huge = huge_bytes(start, start + (64 << 20))
+    assert huge >= 32 << 20, f"only {huge >> 20} MiB of 64 on huge pages"
+
+
+def test_an_engine_with_its_weights_on_huge_pages_gives_the_same_tokens(tiny_llama_dir, hf_reference, monkeypatch):
+    from gpu_worker import LLM, SamplingParams
+    from gpu_worker.model.ops.cpu_linear import CpuPackedLinear
+
+    monkeypatch.setattr(cpu_tuning, "_HUGE_PAGE", 4096)   # the tiny model's few MB count as large
+    llm = LLM(tiny_llama_dir, kv_cache_memory=16 << 20, max_num_batched_tokens=64)
+    model = llm.engine.model
+    packed = [m.packed.data for m in model.modules() if isinstance(m, CpuPackedLinear)]
+    if not packed:
+        pytest.skip("the packed CPU kernels do not run here")
+    assert len({t.untyped_storage().data_ptr() for t in packed}) == 1   # all moved into one mapping
+    prompts = [[5, 17, 300, 41], list(range(100, 160))]
+    outs = llm.generate(prompts, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))
+    for p, o in zip(prompts, outs):
+        assert o.token_ids == hf_reference(tiny_llama_dir, p, 12)

@@ -12,6 +12,7 @@ nor AVX2, or the C kernels did not build), the callers keep their previous path 
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from torch import nn
 
 from kernels.cpu import greedy_head
 from kernels.cpu import linear as packed_linear
+from gpu_worker.cpu_tuning import huge_page_copies, release_free_heap
 from gpu_worker.model.ops.base import Linear
 
 logger = logging.getLogger(__name__)
@@ -157,6 +159,40 @@ def pack_dense_for_cpu(model: nn.Module, fmt: str) -> int:
     logger.info("%d linear layers%s packed as %s for the CPU kernels", len(targets),
                 " and the LM head" if getattr(model, "packed_head", None) is not None else "", fmt)
     return len(targets)
+
+
+def place_on_huge_pages(model: nn.Module) -> int:
+    """Move the packed weights of ``model`` (every CpuPackedLinear's tiles, scales and minima;
+    the greedy head's bf16 pairs and int8 codes) into one mapping on transparent huge pages
+    (``cpu_tuning.huge_page_copies``: why, and what it measured), then give the heap the old
+    copies back. Before anything keeps pointers to them (the fused decode layers). Returns the
+    bytes placed (0: none, or the platform gives no huge pages)."""
+    mods = [m for m in model.modules() if isinstance(m, CpuPackedLinear)]
+    head = getattr(model, "greedy_head", None)
+    codes = getattr(head, "codes", None)
+    parts: list[torch.Tensor | None] = []
+    for p in [m.packed for m in mods] + ([codes] if codes is not None else []):
+        parts += [p.data, p.scales, p.mins]
+    pairs = getattr(head, "pairs", None)
+    parts.append(pairs)
+    moved = huge_page_copies(parts)
+    if all(a is b for a, b in zip(parts, moved)):
+        return 0
+    it = iter(moved)
+
+    def repacked(p: packed_linear.PackedWeight) -> packed_linear.PackedWeight:
+        return dataclasses.replace(p, data=next(it), scales=next(it), mins=next(it))
+
+    for m in mods:
+        m.packed = repacked(m.packed)
+    if codes is not None:
+        head.codes = repacked(codes)
+    if pairs is not None:
+        head.pairs = next(it)
+    release_free_heap()
+    placed = sum(t.numel() * t.element_size() for t in moved if t is not None)
+    logger.info("%.0f MB of packed weights placed on huge pages", placed / 1e6)
+    return placed
 
 
 # The widened screen (no AVX512_BF16) reads half the fp32 head's bytes but does its multiply-adds:
