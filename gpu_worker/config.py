@@ -45,12 +45,13 @@ class EngineConfig:
         set and its spec names no head format; ignored without ``quantization``. On the CPU
         the float32 head is half of an INT8 model's bytes per decode step (113 of 220 MB for
         SmolLM2), so this is most of what INT8 can still save there.
-    cpu_kernels, onednn, quant_cache, greedy_screen: the C kernels of ``kernels/cpu``,
-        oneDNN-packed CPU matmuls, the cache of calibrated INT4 weights, the bf16 screen that
-        gives greedy rows their token without the full fp32 LM head (the same tokens;
-        ``kernels/cpu/greedy_head.py``); each on unless ``FLEET_CPU_KERNELS``,
-        ``FLEET_ONEDNN``, ``FLEET_QUANT_CACHE`` or ``FLEET_GREEDY_SCREEN`` turns it off (see
-        :func:`switched_on`).
+    cpu_kernels, onednn, quant_cache, greedy_screen, huge_pages: the C kernels of
+        ``kernels/cpu``, oneDNN-packed CPU matmuls, the cache of calibrated INT4 weights, the
+        bf16 screen that gives greedy rows their token without the full fp32 LM head (the same
+        tokens; ``kernels/cpu/greedy_head.py``), the CPU KV cache and packed weights on
+        transparent huge pages (``cpu_tuning.py``); each on unless ``FLEET_CPU_KERNELS``,
+        ``FLEET_ONEDNN``, ``FLEET_QUANT_CACHE``, ``FLEET_GREEDY_SCREEN`` or ``FLEET_HUGE_PAGES``
+        turns it off (see :func:`switched_on`).
     """
 
     model: str | None = None
@@ -78,6 +79,7 @@ class EngineConfig:
     onednn: bool = field(default_factory=lambda: switched_on("FLEET_ONEDNN"))
     quant_cache: bool = field(default_factory=lambda: switched_on("FLEET_QUANT_CACHE"))
     greedy_screen: bool = field(default_factory=lambda: switched_on("FLEET_GREEDY_SCREEN"))
+    huge_pages: bool = field(default_factory=lambda: switched_on("FLEET_HUGE_PAGES"))
 
 
 def parse_bytes(text: str) -> int:

@@ -16,9 +16,9 @@ SmolLM2 in fp32), and on 4 KiB pages that stream crosses a page, hence a TLB mis
 for the hardware prefetchers, every 4 KiB. :func:`huge_page_copies` moves a model's packed
 weights into one mapping on huge pages. In-process A/B on a 2-core AMD EPYC Zen 4 (family 25
 model 17), SmolLM2's 120 f32 projections of a decode step (fresh copies, caches flushed,
-alternating, medians of 7): 0.91-0.92x the time at 1 row, 0.94x at 2, 0.95-0.97x at 4, 0.92x
-at 12, 0.98x at 34. ``FLEET_HUGE_PAGES=0`` turns both placements off (plain memory), for A/B
-runs.
+alternating, medians of 7; a harness in /tmp): 0.91-0.92x the time at 1 row, 0.94x at 2,
+0.95-0.97x at 4, 0.92x at 12, 0.98x at 34. ``EngineConfig.huge_pages`` (``FLEET_HUGE_PAGES=0``)
+turns both placements off.
 """
 from __future__ import annotations
 
@@ -27,7 +27,6 @@ import ctypes.util
 import logging
 import math
 import mmap
-import os
 import sys
 from collections.abc import Sequence
 
@@ -60,8 +59,8 @@ def tune_allocator() -> bool:
 
 
 def huge_pages_wanted() -> bool:
-    """False where ``FLEET_HUGE_PAGES=0`` asks for plain memory, or the platform has no THP advice."""
-    return os.environ.get("FLEET_HUGE_PAGES", "1") != "0" and hasattr(mmap, "MADV_HUGEPAGE")
+    """Whether the platform has the advice (``MADV_HUGEPAGE``: Linux)."""
+    return hasattr(mmap, "MADV_HUGEPAGE")
 
 
 def _advised_mapping(nbytes: int) -> mmap.mmap:
@@ -91,7 +90,7 @@ def huge_page_copies(tensors: Sequence[torch.Tensor | None]) -> list[torch.Tenso
     single anonymous mapping advised onto transparent huge pages, its first byte on a huge-page
     boundary, so that a stream through them crosses no 4 KiB page. Each copy is contiguous, of
     its tensor's shape and dtype; together they keep the mapping alive. Under two huge pages
-    in all, or without the advice (``huge_pages_wanted``), the tensors come back as they are
+    in all, or without the advice (:func:`huge_pages_wanted`), the tensors come back as they are
     (contiguous). The callers drop the originals; :func:`release_free_heap` then gives their
     memory back."""
     offsets, total = [], 0

@@ -53,7 +53,8 @@ class EngineCore:
         if num_blocks < 1:
             raise ValueError(f"KV-cache memory {budget} B is less than one block ({per_block} B)")
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
-        kv_caches = allocate_kv_caches(cfg, num_blocks, config.block_size, dtype, self.device)
+        kv_caches = allocate_kv_caches(cfg, num_blocks, config.block_size, dtype, self.device,
+                                       huge_pages=config.huge_pages)
         self.speculator = spec = build_speculator(config, self.model, kv_caches, self.tokenizer, self.model_dir)
         self.scheduler = Scheduler(self.kv, max_num_batched_tokens=config.max_num_batched_tokens,
                                    max_num_seqs=config.max_num_seqs,

@@ -49,11 +49,12 @@ class _Batch:
 
 
 def allocate_kv_caches(cfg: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
-                       device: torch.device) -> list[KVCache]:
-    """One (K, V) pair per layer, each [num_blocks, block_size, num_kv_heads, head_dim]."""
+                       device: torch.device, *, huge_pages: bool = True) -> list[KVCache]:
+    """One (K, V) pair per layer, each [num_blocks, block_size, num_kv_heads, head_dim]; on
+    the CPU on transparent huge pages unless ``huge_pages`` is False."""
     shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
     # Zeroed, not empty: masked-out slots still flow through attention (as 0 * value).
-    zeros = zeros_on_huge_pages if device.type == "cpu" else partial(torch.zeros, device=device)
+    zeros = zeros_on_huge_pages if device.type == "cpu" and huge_pages else partial(torch.zeros, device=device)
     return [(zeros(shape, dtype=dtype), zeros(shape, dtype=dtype)) for _ in range(cfg.num_layers)]
 
 

@@ -64,7 +64,8 @@ def build_model(config: EngineConfig, cfg: ModelConfig, model_dir: Path, max_mod
     report_instructions(model)    # what computes each packed format here, once in the log
     if config.greedy_screen:
         install_greedy_head(model)   # when the LM head is packed f32 tiles and the CPU has AVX-512
-    place_on_huge_pages(model)    # the packed weights, before the fused layers take their pointers
+    if config.huge_pages:
+        place_on_huge_pages(model)   # the packed weights, before the fused layers take their pointers
     install_fused_decode(model)   # when every projection is packed for the CPU kernels
     return model
 

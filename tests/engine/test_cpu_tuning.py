@@ -74,15 +74,10 @@ def test_huge_page_copies_are_equal_contiguous_and_their_own():
     assert not torch.equal(copies[0], ts[0])
 
 
-def test_huge_page_copies_keep_small_sets_and_obey_the_switch(monkeypatch):
+def test_huge_page_copies_keep_small_sets():
     small = [torch.randn(4, 4), torch.randn(3, 5).t()]
     out = huge_page_copies(small)
     assert out[0] is small[0] and torch.equal(out[1], small[1]) and out[1].is_contiguous()
-    monkeypatch.setenv("FLEET_HUGE_PAGES", "0")
-    ts = _weights()
-    out = huge_page_copies(ts)
-    assert out[0] is ts[0] and out[2] is ts[2]   # as they were
-    assert not cpu_tuning.huge_pages_wanted()
 
 
 @pytest.mark.skipif(not LINUX_THP, reason="transparent huge pages are Linux's, and off on this machine")
@@ -94,17 +89,20 @@ def test_huge_page_copies_land_on_huge_pages():
     assert huge >= 32 << 20, f"only {huge >> 20} MiB of 64 on huge pages"
 
 
-def test_an_engine_with_its_weights_on_huge_pages_gives_the_same_tokens(tiny_llama_dir, hf_reference, monkeypatch):
+@pytest.mark.parametrize("huge_pages", [True, False])
+def test_an_engine_with_its_weights_on_huge_pages_gives_the_same_tokens(tiny_llama_dir, hf_reference, monkeypatch,
+                                                                        huge_pages):
     from gpu_worker import LLM, SamplingParams
     from gpu_worker.model.ops.cpu_linear import CpuPackedLinear
 
     monkeypatch.setattr(cpu_tuning, "_HUGE_PAGE", 4096)   # the tiny model's few MB count as large
-    llm = LLM(tiny_llama_dir, kv_cache_memory=16 << 20, max_num_batched_tokens=64)
+    llm = LLM(tiny_llama_dir, kv_cache_memory=16 << 20, max_num_batched_tokens=64, huge_pages=huge_pages)
     model = llm.engine.model
     packed = [m.packed.data for m in model.modules() if isinstance(m, CpuPackedLinear)]
     if not packed:
         pytest.skip("the packed CPU kernels do not run here")
-    assert len({t.untyped_storage().data_ptr() for t in packed}) == 1   # all moved into one mapping
+    storages = {t.untyped_storage().data_ptr() for t in packed}
+    assert len(storages) == 1 if huge_pages else len(storages) == len(packed)   # one mapping, or left as packed
     prompts = [[5, 17, 300, 41], list(range(100, 160))]
     outs = llm.generate(prompts, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))
     for p, o in zip(prompts, outs):

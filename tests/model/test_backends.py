@@ -7,7 +7,7 @@ from gpu_worker.config import EngineConfig
 from gpu_worker.edge.cli import add_engine_arguments, engine_config
 
 
-SWITCHES = ("FLEET_CPU_KERNELS", "FLEET_ONEDNN", "FLEET_QUANT_CACHE", "FLEET_GREEDY_SCREEN")
+SWITCHES = ("FLEET_CPU_KERNELS", "FLEET_ONEDNN", "FLEET_QUANT_CACHE", "FLEET_GREEDY_SCREEN", "FLEET_HUGE_PAGES")
 
 
 def test_the_environment_is_read_once_when_a_config_is_made(tiny_llama_dir, monkeypatch):
@@ -17,10 +17,10 @@ def test_the_environment_is_read_once_when_a_config_is_made(tiny_llama_dir, monk
     for name in SWITCHES:
         monkeypatch.setenv(name, "0")
     monkeypatch.setenv("FLEET_OPS", "triton")
-    fields = ("ops_backend", "cpu_kernels", "onednn", "quant_cache", "greedy_screen")
-    assert tuple(getattr(config, f) for f in fields) == ("auto", True, True, True, True)
+    fields = ("ops_backend", "cpu_kernels", "onednn", "quant_cache", "greedy_screen", "huge_pages")
+    assert tuple(getattr(config, f) for f in fields) == ("auto", True, True, True, True, True)
     later = EngineConfig()
-    assert tuple(getattr(later, f) for f in fields) == ("triton", False, False, False, False)
+    assert tuple(getattr(later, f) for f in fields) == ("triton", False, False, False, False, False)
     model = LLM(tiny_llama_dir, kv_cache_memory=8 << 20, ops_backend="cpu").engine.model
     assert model.ops.name == "torch" and model.packed_head is None     # the switches reached the model
 
