@@ -34,6 +34,7 @@ from pathlib import Path
 from gpu_worker.bench.edge_redis import Servers
 from gpu_worker.bench.edge_run import Run, Topology, measure
 from gpu_worker.bench.edge_scripts import publish_cost
+from kernels import cpuinfo
 
 logger = logging.getLogger(__name__)
 
@@ -154,15 +155,7 @@ def _mean(values: list) -> float | None:
 
 
 def _machine() -> dict:
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "load_avg_before": _load()}
+    return {"cpu": cpuinfo.model_name(), "cores": os.cpu_count(), "load_avg_before": _load()}
 
 
 def _load() -> list[float]:

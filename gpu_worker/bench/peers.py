@@ -26,6 +26,7 @@ from gpu_worker.bench import peers_discovery as disc
 from gpu_worker.bench.peers_report import agreement, figures, paired_ratios, summarize_rounds, table
 from gpu_worker.bench.pictures import machine
 from gpu_worker.bench.workload import TOKEN_RANGE, mixed_workload
+from kernels import cpuinfo
 
 logger = logging.getLogger(__name__)
 
@@ -73,16 +74,9 @@ def make_job(args: argparse.Namespace, model_dir: str) -> dict:
 def cpu_info() -> dict:
     """The CPU as /proc/cpuinfo names it (model name, family, model) and the vector
     instructions the comparison depends on."""
-    fields, flags = {}, set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = (s.strip() for s in line.partition(":"))
-            if key in ("model name", "cpu family", "model") and key not in fields:
-                fields[key] = value
-            elif key == "flags" and not flags:
-                flags = set(value.split())
-    except OSError:
-        pass
+    cpu = cpuinfo.first_cpu()
+    fields = {k: cpu[k] for k in ("model name", "cpu family", "model") if k in cpu}
+    flags = cpuinfo.flags()
     wanted = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile")
     return {"cpu_fields": fields, "cpu_flags": [f for f in wanted if f in flags]}
 

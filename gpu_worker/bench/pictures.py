@@ -9,10 +9,10 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import platform
 import statistics
 import sys
 from pathlib import Path
+from kernels import cpuinfo
 
 BENCH_DIR = Path(__file__).resolve().parents[2] / "docs" / "bench"
 THROUGHPUT_BARS = [("naive_static_tok_s", "transformers\nstatic batches of 8", "#999"),
@@ -24,13 +24,7 @@ THROUGHPUT_BARS = [("naive_static_tok_s", "transformers\nstatic batches of 8", "
 
 def cpu_model() -> str:
     """The CPU's marketing name (Linux: /proc/cpuinfo), else what platform knows."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return cpuinfo.model_name()
 
 
 def machine() -> dict:

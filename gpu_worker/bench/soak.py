@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import logging
 import os
@@ -33,6 +32,7 @@ from gpu_worker.bench.soak_procs import RedisProcess, WorkerPool, tail
 from gpu_worker.bench.soak_report import (invalid_figures, invariants, redis_end_state, summary,
                                           valid_figures)
 from gpu_worker.bench.soak_traffic import Gate, Traffic
+from kernels import cpuinfo
 
 logger = logging.getLogger(__name__)
 
@@ -84,10 +84,7 @@ def compute_reference(model: str | None, prompts: list[list[int]], max_tokens: i
 
 
 def machine() -> dict:
-    cpu = "unknown"
-    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
-        cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
-    return {"cpu": cpu, "cores": os.cpu_count()}
+    return {"cpu": cpuinfo.model_name(), "cores": os.cpu_count()}
 
 
 def _model(args, workdir: Path) -> str | None:

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import torch
 
+from kernels import cpuinfo
+
 logger = logging.getLogger(__name__)
 
 SOURCES = ("paged_decode.c", "paged_prefill.c", "glue.c", "linear.c", "linear_amx.c", "linear_w8a8.c",
@@ -335,8 +337,5 @@ def _build(cc: str, cache_dir: Path) -> Path:
 
 
 def _cpu_flags() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line for line in f if line.startswith(("flags", "Features"))), "")
-    except OSError:
-        return platform.processor()
+    """The CPU's flags for the build key (sorted), or what ``platform`` knows where there are none."""
+    return " ".join(sorted(cpuinfo.flags())) or platform.processor()

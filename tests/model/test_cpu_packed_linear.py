@@ -14,6 +14,7 @@ from gpu_worker.model.quant.checkpoint import load_quantized, save_quantized
 from gpu_worker.model.quant.cpu_pack import pack_quantized
 from gpu_worker.model.quant.quantize import Int8Linear, quantize_model, weight_bytes
 from gpu_worker.testing import make_tiny_model
+from kernels import cpuinfo
 from kernels.cpu import greedy_head
 from kernels.cpu import linear as packed_linear
 from kernels.quantize import quantize_int4, quantize_int8
@@ -157,11 +158,15 @@ def test_the_greedy_heads_int8_limit_follows_the_cpu(mode, vendor, amx, rows, mo
 
 def test_cpu_vendor_and_flags_read_proc_cpuinfo(monkeypatch, tmp_path):
     info = tmp_path / "cpuinfo"
-    info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu avx2 avx512f\n\n"
-                    "processor\t: 1\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu avx2 avx512f\n")
-    real = cpu_linear.Path
-    monkeypatch.setattr(cpu_linear, "Path", lambda p: info if p == "/proc/cpuinfo" else real(p))
-    assert cpu_linear.cpu_vendor() == "AuthenticAMD"
+    info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 9R14\n"
+                    "flags\t\t: fpu avx2 avx512f\n\n"
+                    "processor\t: 1\nvendor_id\t: GenuineIntel\nflags\t\t: fpu sse2\n")
+    monkeypatch.setattr(cpuinfo, "CPUINFO", info)
+    assert cpu_linear.cpu_vendor() == "AuthenticAMD"                  # the first CPU's block only
     assert cpu_linear.cpu_flags() == {"fpu", "avx2", "avx512f"}
-    monkeypatch.setattr(cpu_linear, "Path", lambda p: tmp_path / "missing")
-    assert cpu_linear.cpu_vendor() == "" and cpu_linear.cpu_flags() == set()
+    assert cpuinfo.model_name() == "AMD EPYC 9R14"
+    info.write_text("processor\t: 0\nFeatures\t: fp asimd sve\n")   # Arm names its flags so
+    assert cpuinfo.flags() == {"fp", "asimd", "sve"} and cpuinfo.vendor() == ""
+    assert cpuinfo.model_name()                                      # platform's name instead
+    monkeypatch.setattr(cpuinfo, "CPUINFO", tmp_path / "missing")
+    assert cpu_linear.cpu_vendor() == "" and cpu_linear.cpu_flags() == set() and cpuinfo.first_cpu() == {}

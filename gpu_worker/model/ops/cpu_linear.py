@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from pathlib import Path
 
 import torch
 from torch import nn
 
+from kernels import cpuinfo
 from kernels.cpu import greedy_head
 from kernels.cpu import linear as packed_linear
 from gpu_worker.cpu_tuning import huge_page_copies, release_free_heap
@@ -30,24 +30,14 @@ _reported: set[str] = set()    # formats whose missing kernel was logged
 _described: set[str] = set()   # formats whose instructions were logged
 
 
-def _cpuinfo(field: str) -> str:
-    """The value of ``field`` on /proc/cpuinfo's first CPU ("" where there is none)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return ""
-    line = next((ln for ln in text.splitlines() if ln.split(":")[0].strip() == field), "")
-    return line.partition(":")[2].strip()
-
-
 def cpu_flags() -> set[str]:
     """The CPU's feature flags as /proc/cpuinfo lists them (empty where it does not exist)."""
-    return set(_cpuinfo("flags").split())
+    return cpuinfo.flags()
 
 
 def cpu_vendor() -> str:
     """The CPU's vendor_id ("AuthenticAMD", "GenuineIntel"; "" where unknown)."""
-    return _cpuinfo("vendor_id")
+    return cpuinfo.vendor()
 
 
 def kernel_runs(fmt: str, instead: str) -> bool:
