@@ -89,21 +89,52 @@ def test_huge_page_copies_land_on_huge_pages():
     assert huge >= 32 << 20, f"only {huge >> 20} MiB of 64 on huge pages"
 
 
+def _engine(model_dir, **kw):
+    from gpu_worker import LLM
+
+    return LLM(model_dir, kv_cache_memory=16 << 20, max_num_batched_tokens=64, **kw)
+
+
+def _packed(llm):
+    from gpu_worker.model.ops.cpu_linear import CpuPackedLinear
+
+    return [m.packed for m in llm.engine.model.modules() if isinstance(m, CpuPackedLinear)]
+
+
+PROMPTS = [[5, 17, 300, 41], list(range(100, 160))]
+
+
+def _greedy(llm, n=12):
+    from gpu_worker import SamplingParams
+
+    return [o.token_ids for o in llm.generate(PROMPTS, SamplingParams(max_tokens=n, temperature=0, ignore_eos=True))]
+
+
 @pytest.mark.parametrize("huge_pages", [True, False])
 def test_an_engine_with_its_weights_on_huge_pages_gives_the_same_tokens(tiny_llama_dir, hf_reference, monkeypatch,
                                                                         huge_pages):
-    from gpu_worker import LLM, SamplingParams
-    from gpu_worker.model.ops.cpu_linear import CpuPackedLinear
-
     monkeypatch.setattr(cpu_tuning, "_HUGE_PAGE", 4096)   # the tiny model's few MB count as large
-    llm = LLM(tiny_llama_dir, kv_cache_memory=16 << 20, max_num_batched_tokens=64, huge_pages=huge_pages)
-    model = llm.engine.model
-    packed = [m.packed.data for m in model.modules() if isinstance(m, CpuPackedLinear)]
+    llm = _engine(tiny_llama_dir, huge_pages=huge_pages)
+    packed = [p.data for p in _packed(llm)]
     if not packed:
         pytest.skip("the packed CPU kernels do not run here")
     storages = {t.untyped_storage().data_ptr() for t in packed}
     assert len(storages) == 1 if huge_pages else len(storages) == len(packed)   # one mapping, or left as packed
-    prompts = [[5, 17, 300, 41], list(range(100, 160))]
-    outs = llm.generate(prompts, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))
-    for p, o in zip(prompts, outs):
-        assert o.token_ids == hf_reference(tiny_llama_dir, p, 12)
+    assert _greedy(llm) == [hf_reference(tiny_llama_dir, p, 12) for p in PROMPTS]
+
+
+@pytest.mark.parametrize("quantization", ["int8", "int8-g32+head", "w8a8"])
+def test_quantized_weights_on_huge_pages_compute_what_they_did(tiny_llama_dir, monkeypatch, quantization):
+    plain = _engine(tiny_llama_dir, huge_pages=False, quantization=quantization)
+    monkeypatch.setattr(cpu_tuning, "_HUGE_PAGE", 4096)
+    moved = _engine(tiny_llama_dir, huge_pages=True, quantization=quantization)
+    a, b = _packed(plain), _packed(moved)
+    if not b:
+        pytest.skip("the packed CPU kernels do not run here")
+    assert len({p.data.untyped_storage().data_ptr() for p in b}) == 1
+    for x, y in zip(a, b):   # the same codes, scales and minima (W8A8's code sums), now in the mapping
+        assert x.fmt == y.fmt and torch.equal(x.data, y.data)
+        for u, v in ((x.scales, y.scales), (x.mins, y.mins)):
+            assert (u is None and v is None) or (torch.equal(u, v) and v.untyped_storage().data_ptr() in
+                                                 {p.data.untyped_storage().data_ptr() for p in b})
+    assert _greedy(moved, 16) == _greedy(plain, 16)
