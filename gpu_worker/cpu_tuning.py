@@ -85,33 +85,51 @@ def zeros_on_huge_pages(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Ten
     return torch.frombuffer(_advised_mapping(nbytes), dtype=dtype).view(shape).zero_()
 
 
-def huge_page_copies(tensors: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
-    """Copies of CPU ``tensors`` (None passes through), one after another (64-byte aligned) in a
-    single anonymous mapping advised onto transparent huge pages, its first byte on a huge-page
-    boundary, so that a stream through them crosses no 4 KiB page. Each copy is contiguous, of
-    its tensor's shape and dtype; together they keep the mapping alive. Under two huge pages
-    in all, or without the advice (:func:`huge_pages_wanted`), the tensors come back as they are
-    (contiguous). The callers drop the originals; :func:`release_free_heap` then gives their
-    memory back."""
-    offsets, total = [], 0
-    for t in tensors:
-        offsets.append(total)
-        if t is not None:
-            total += -(-t.numel() * t.element_size() // 64) * 64
-    if total < 2 * _HUGE_PAGE or not huge_pages_wanted():
-        return [None if t is None else t.contiguous() for t in tensors]
-    buf = _advised_mapping(total + _HUGE_PAGE)
-    arena = torch.frombuffer(buf, dtype=torch.uint8)
-    start = -arena.data_ptr() % _HUGE_PAGE
-    out: list[torch.Tensor | None] = []
-    for t, off in zip(tensors, offsets):
+def _aligned_bytes(t: torch.Tensor | None) -> int:
+    return 0 if t is None else -(-t.numel() * t.element_size() // 64) * 64
+
+
+class HugePageArena:
+    """One anonymous mapping advised onto transparent huge pages, its first byte on a huge-page
+    boundary, filled front to back (64-byte aligned) with copies of tensors, so that a stream
+    through them crosses no 4 KiB page. The copies keep the mapping alive."""
+
+    def __init__(self, nbytes: int) -> None:
+        self._bytes = torch.frombuffer(_advised_mapping(nbytes + _HUGE_PAGE), dtype=torch.uint8)
+        self._at = -self._bytes.data_ptr() % _HUGE_PAGE
+        self._end = self._at + nbytes
+
+    @staticmethod
+    def size_of(tensors: Sequence[torch.Tensor | None]) -> int:
+        """The bytes :meth:`copy` takes for all of ``tensors`` (None: nothing)."""
+        return sum(_aligned_bytes(t) for t in tensors)
+
+    @staticmethod
+    def worth_it(nbytes: int) -> bool:
+        """An arena of ``nbytes`` gets huge pages: at least two, and the platform advises them."""
+        return nbytes >= 2 * _HUGE_PAGE and huge_pages_wanted()
+
+    def copy(self, t: torch.Tensor | None) -> torch.Tensor | None:
+        """A contiguous copy of CPU tensor ``t`` (its shape and dtype) in the arena; None for None."""
         if t is None:
-            out.append(None)
-            continue
-        n = t.numel() * t.element_size()
-        piece = arena[start + off:start + off + n].view(t.dtype).view(t.shape)
-        out.append(piece.copy_(t))
-    return out
+            return None
+        n, step = t.numel() * t.element_size(), _aligned_bytes(t)
+        if self._at + step > self._end:
+            raise ValueError("the arena is full: size it with size_of")
+        piece = self._bytes[self._at:self._at + n].view(t.dtype).view(t.shape)
+        self._at += step
+        return piece.copy_(t)
+
+
+def huge_page_copies(tensors: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
+    """Copies of CPU ``tensors`` (None passes through) in one :class:`HugePageArena`. Where it
+    would not get huge pages (:meth:`HugePageArena.worth_it`), the tensors come back as they are
+    (contiguous)."""
+    total = HugePageArena.size_of(tensors)
+    if not HugePageArena.worth_it(total):
+        return [None if t is None else t.contiguous() for t in tensors]
+    arena = HugePageArena(total)
+    return [arena.copy(t) for t in tensors]
 
 
 def release_free_heap() -> bool:

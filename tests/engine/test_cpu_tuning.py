@@ -74,6 +74,16 @@ def test_huge_page_copies_are_equal_contiguous_and_their_own():
     assert not torch.equal(copies[0], ts[0])
 
 
+def test_the_arena_holds_what_it_was_sized_for_and_no_more():
+    ts = [torch.randn(1000, 3), torch.arange(7, dtype=torch.int8)]
+    arena = cpu_tuning.HugePageArena(cpu_tuning.HugePageArena.size_of(ts))
+    copies = [arena.copy(t) for t in ts]
+    assert all(torch.equal(a, b) for a, b in zip(copies, ts)) and arena.copy(None) is None
+    assert copies[0].data_ptr() % (2 << 20) == 0 and copies[1].data_ptr() % 64 == 0
+    with pytest.raises(ValueError, match="full"):
+        arena.copy(torch.zeros(1))
+
+
 def test_huge_page_copies_keep_small_sets():
     small = [torch.randn(4, 4), torch.randn(3, 5).t()]
     out = huge_page_copies(small)
@@ -113,7 +123,10 @@ def _greedy(llm, n=12):
 @pytest.mark.parametrize("huge_pages", [True, False])
 def test_an_engine_with_its_weights_on_huge_pages_gives_the_same_tokens(tiny_llama_dir, hf_reference, monkeypatch,
                                                                         huge_pages):
+    from gpu_worker.model.ops import cpu_linear
+
     monkeypatch.setattr(cpu_tuning, "_HUGE_PAGE", 4096)   # the tiny model's few MB count as large
+    monkeypatch.setattr(cpu_linear, "TRIM_EVERY", 1)      # the heap given back after every weight
     llm = _engine(tiny_llama_dir, huge_pages=huge_pages)
     packed = [p.data for p in _packed(llm)]
     if not packed:

@@ -21,7 +21,7 @@ from torch import nn
 from kernels import cpuinfo
 from kernels.cpu import greedy_head
 from kernels.cpu import linear as packed_linear
-from gpu_worker.cpu_tuning import huge_page_copies, release_free_heap
+from gpu_worker.cpu_tuning import HugePageArena, release_free_heap
 from gpu_worker.model.ops.base import Linear
 
 logger = logging.getLogger(__name__)
@@ -151,38 +151,43 @@ def pack_dense_for_cpu(model: nn.Module, fmt: str) -> int:
     return len(targets)
 
 
+# Bytes moved between two returns of the old copies' heap pages (place_on_huge_pages).
+TRIM_EVERY = 256 << 20
+
+
 def place_on_huge_pages(model: nn.Module) -> int:
     """Move the packed weights of ``model`` (every CpuPackedLinear's tiles, scales and minima;
     the greedy head's bf16 pairs and int8 codes) into one mapping on transparent huge pages
-    (``cpu_tuning.huge_page_copies``: why, and what it measured), then give the heap the old
-    copies back. Before anything keeps pointers to them (the fused decode layers). Returns the
-    bytes placed (0: none, or the platform gives no huge pages)."""
-    mods = [m for m in model.modules() if isinstance(m, CpuPackedLinear)]
+    (``cpu_tuning.HugePageArena``: why, and what it measured). Before anything keeps pointers
+    to them (the fused decode layers). One weight at a time, the heap's freed pages given back
+    every TRIM_EVERY bytes, so that the load's peak memory grows by that much, not by a second
+    copy of the model. Returns the bytes placed (0: none, or the platform gives no huge pages)."""
     head = getattr(model, "greedy_head", None)
-    codes = getattr(head, "codes", None)
-    parts: list[torch.Tensor | None] = []
-    for p in [m.packed for m in mods] + ([codes] if codes is not None else []):
-        parts += [p.data, p.scales, p.mins]
-    pairs = getattr(head, "pairs", None)
-    parts.append(pairs)
-    moved = huge_page_copies(parts)
-    if all(a is b for a, b in zip(parts, moved)):
+    owners = [(m, "packed") for m in model.modules() if isinstance(m, CpuPackedLinear)]
+    owners += [(head, name) for name in ("codes", "pairs") if getattr(head, name, None) is not None]
+
+    def parts(value) -> list[torch.Tensor | None]:
+        return [value] if isinstance(value, torch.Tensor) else [value.data, value.scales, value.mins]
+
+    total = HugePageArena.size_of([t for owner, name in owners for t in parts(getattr(owner, name))])
+    if not HugePageArena.worth_it(total):
         return 0
-    it = iter(moved)
-
-    def repacked(p: packed_linear.PackedWeight) -> packed_linear.PackedWeight:
-        return dataclasses.replace(p, data=next(it), scales=next(it), mins=next(it))
-
-    for m in mods:
-        m.packed = repacked(m.packed)
-    if codes is not None:
-        head.codes = repacked(codes)
-    if pairs is not None:
-        head.pairs = next(it)
+    arena, since_trim = HugePageArena(total), 0
+    for owner, name in owners:
+        value = getattr(owner, name)
+        if isinstance(value, torch.Tensor):
+            setattr(owner, name, arena.copy(value))
+        else:
+            setattr(owner, name, dataclasses.replace(value, data=arena.copy(value.data),
+                                                     scales=arena.copy(value.scales), mins=arena.copy(value.mins)))
+        since_trim += HugePageArena.size_of(parts(value))
+        del value
+        if since_trim >= TRIM_EVERY:
+            release_free_heap()
+            since_trim = 0
     release_free_heap()
-    placed = sum(t.numel() * t.element_size() for t in moved if t is not None)
-    logger.info("%.0f MB of packed weights placed on huge pages", placed / 1e6)
-    return placed
+    logger.info("%.0f MB of packed weights placed on huge pages", total / 1e6)
+    return total
 
 
 # The widened screen (no AVX512_BF16) reads half the fp32 head's bytes but does its multiply-adds:
