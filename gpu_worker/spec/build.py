@@ -34,7 +34,8 @@ def build_speculator(config: EngineConfig, model, kv_caches: list, tokenizer=Non
         layers = config.self_draft_layers or max(1, model.cfg.num_layers // 4)
         proposer = early_exit_drafter(model, kv_caches, layers, bs)
     else:
-        proposer = draft_model_drafter(_load_draft(config, model), kv_caches[0][0].shape[0], bs)
+        proposer = draft_model_drafter(_load_draft(config, model), kv_caches[0][0].shape[0], bs,
+                                       huge_pages=config.huge_pages)
     logger.info("speculative decoding: %s, up to %d tokens, adaptive=%s", kind,
                 config.num_speculative_tokens, config.spec_adaptive)
     return Speculator(proposer, config.num_speculative_tokens, adaptive=config.spec_adaptive)

@@ -84,9 +84,12 @@ def quantized_self_drafter(target: LlamaForCausalLM, kv_caches: list, method: st
     return ModelDrafter("self", draft, _whole_model(draft, kv_caches), block_size)
 
 
-def draft_model_drafter(draft: LlamaForCausalLM, num_blocks: int, block_size: int) -> ModelDrafter:
-    """A separate model with its own KV cache over the target's block ids."""
-    kv = allocate_kv_caches(draft.cfg, num_blocks, block_size, draft.embed.dtype, draft.embed.device)
+def draft_model_drafter(draft: LlamaForCausalLM, num_blocks: int, block_size: int, *,
+                        huge_pages: bool = True) -> ModelDrafter:
+    """A separate model with its own KV cache over the target's block ids (on the CPU on huge
+    pages unless ``huge_pages`` is False, as the target's)."""
+    kv = allocate_kv_caches(draft.cfg, num_blocks, block_size, draft.embed.dtype, draft.embed.device,
+                            huge_pages=huge_pages)
 
     def observe(ids, positions, plan):
         draft(ids, positions, kv, plan)
