@@ -13,8 +13,8 @@ transparent huge pages only to memory that asks for them where THP is set to ``m
 
 The packed weights are the third: a decode step of few rows streams all of them (424 MB for
 SmolLM2 in fp32), and on 4 KiB pages that stream crosses a page, hence a TLB miss and a stop
-for the hardware prefetchers, every 4 KiB. :func:`huge_page_copies` moves a model's packed
-weights into one mapping on huge pages. In-process A/B on a 2-core AMD EPYC Zen 4 (family 25
+for the hardware prefetchers, every 4 KiB. A :class:`HugePageArena` holds a model's packed
+weights in one mapping on huge pages (``model/ops/cpu_linear.place_on_huge_pages``). In-process A/B on a 2-core AMD EPYC Zen 4 (family 25
 model 17), SmolLM2's 120 f32 projections of a decode step (fresh copies, caches flushed,
 alternating, medians of 7; a harness in /tmp): 0.91-0.92x the time at 1 row, 0.94x at 2,
 0.95-0.97x at 4, 0.92x at 12, 0.98x at 34. ``EngineConfig.huge_pages`` (``FLEET_HUGE_PAGES=0``)
@@ -58,9 +58,10 @@ def tune_allocator() -> bool:
     return ok
 
 
-def huge_pages_wanted() -> bool:
-    """Whether the platform has the advice (``MADV_HUGEPAGE``: Linux)."""
-    return hasattr(mmap, "MADV_HUGEPAGE")
+def huge_pages_pay(nbytes: int) -> bool:
+    """A mapping of ``nbytes`` gets huge pages worth having: at least two, and the platform has
+    the advice (``MADV_HUGEPAGE``: Linux)."""
+    return nbytes >= 2 * _HUGE_PAGE and hasattr(mmap, "MADV_HUGEPAGE")
 
 
 def _advised_mapping(nbytes: int) -> mmap.mmap:
@@ -78,7 +79,7 @@ def zeros_on_huge_pages(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Ten
     mapping, not malloc's: glibc may hand out a large free chunk of its heap, already backed
     by 4 KiB pages, even for a request above its mmap threshold."""
     nbytes = math.prod(shape) * dtype.itemsize
-    if nbytes < 2 * _HUGE_PAGE or not huge_pages_wanted():
+    if not huge_pages_pay(nbytes):
         return torch.zeros(shape, dtype=dtype)
     # The tensor keeps the mapping alive; writing it now faults every page in up front (the
     # memory is committed at start, not during the first requests).
@@ -104,11 +105,6 @@ class HugePageArena:
         """The bytes :meth:`copy` takes for all of ``tensors`` (None: nothing)."""
         return sum(_aligned_bytes(t) for t in tensors)
 
-    @staticmethod
-    def worth_it(nbytes: int) -> bool:
-        """An arena of ``nbytes`` gets huge pages: at least two, and the platform advises them."""
-        return nbytes >= 2 * _HUGE_PAGE and huge_pages_wanted()
-
     def copy(self, t: torch.Tensor | None) -> torch.Tensor | None:
         """A contiguous copy of CPU tensor ``t`` (its shape and dtype) in the arena; None for None."""
         if t is None:
@@ -119,17 +115,6 @@ class HugePageArena:
         piece = self._bytes[self._at:self._at + n].view(t.dtype).view(t.shape)
         self._at += step
         return piece.copy_(t)
-
-
-def huge_page_copies(tensors: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
-    """Copies of CPU ``tensors`` (None passes through) in one :class:`HugePageArena`. Where it
-    would not get huge pages (:meth:`HugePageArena.worth_it`), the tensors come back as they are
-    (contiguous)."""
-    total = HugePageArena.size_of(tensors)
-    if not HugePageArena.worth_it(total):
-        return [None if t is None else t.contiguous() for t in tensors]
-    arena = HugePageArena(total)
-    return [arena.copy(t) for t in tensors]
 
 
 def release_free_heap() -> bool:

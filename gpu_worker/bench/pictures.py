@@ -12,6 +12,7 @@ import os
 import statistics
 import sys
 from pathlib import Path
+
 from kernels import cpuinfo
 
 BENCH_DIR = Path(__file__).resolve().parents[2] / "docs" / "bench"

@@ -1,14 +1,14 @@
 """The process-wide CPU settings: the huge-page KV cache must be an ordinary zeroed tensor
 whatever the kernel does with the advice, and packed weights moved onto huge pages the same
 values, computing the same tokens."""
+import mmap
 import sys
 
 import pytest
 import torch
 
 from gpu_worker import cpu_tuning
-from gpu_worker.cpu_tuning import huge_page_copies, zeros_on_huge_pages
-
+from gpu_worker.cpu_tuning import HugePageArena, huge_pages_pay, zeros_on_huge_pages
 
 
 def _thp_on() -> bool:
@@ -56,6 +56,12 @@ def _weights():
             torch.randn(7, generator=g).bfloat16(), torch.randn(2000, 3, generator=g).t(), torch.empty(0, 5)]
 
 
+def huge_page_copies(tensors):
+    """Copies of ``tensors`` (None passes through) in one arena sized for them."""
+    arena = HugePageArena(HugePageArena.size_of(tensors))
+    return [arena.copy(t) for t in tensors]
+
+
 def test_huge_page_copies_are_equal_contiguous_and_their_own():
     ts = _weights()
     copies = huge_page_copies(ts)
@@ -84,10 +90,10 @@ def test_the_arena_holds_what_it_was_sized_for_and_no_more():
         arena.copy(torch.zeros(1))
 
 
-def test_huge_page_copies_keep_small_sets():
+def test_small_sets_are_not_worth_huge_pages():
     small = [torch.randn(4, 4), torch.randn(3, 5).t()]
-    out = huge_page_copies(small)
-    assert out[0] is small[0] and torch.equal(out[1], small[1]) and out[1].is_contiguous()
+    assert not huge_pages_pay(HugePageArena.size_of(small))
+    assert huge_pages_pay(8 << 20) == hasattr(mmap, "MADV_HUGEPAGE")
 
 
 @pytest.mark.skipif(not LINUX_THP, reason="transparent huge pages are Linux's, and off on this machine")

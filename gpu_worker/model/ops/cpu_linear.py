@@ -21,7 +21,7 @@ from torch import nn
 from kernels import cpuinfo
 from kernels.cpu import greedy_head
 from kernels.cpu import linear as packed_linear
-from gpu_worker.cpu_tuning import HugePageArena, release_free_heap
+from gpu_worker.cpu_tuning import HugePageArena, huge_pages_pay, release_free_heap
 from gpu_worker.model.ops.base import Linear
 
 logger = logging.getLogger(__name__)
@@ -170,7 +170,7 @@ def place_on_huge_pages(model: nn.Module) -> int:
         return [value] if isinstance(value, torch.Tensor) else [value.data, value.scales, value.mins]
 
     total = HugePageArena.size_of([t for owner, name in owners for t in parts(getattr(owner, name))])
-    if not HugePageArena.worth_it(total):
+    if not huge_pages_pay(total):
         return 0
     arena, since_trim = HugePageArena(total), 0
     for owner, name in owners:
