@@ -14,11 +14,11 @@ transparent huge pages only to memory that asks for them where THP is set to ``m
 The packed weights are the third: a decode step of few rows streams all of them (424 MB for
 SmolLM2 in fp32), and on 4 KiB pages that stream crosses a page, hence a TLB miss and a stop
 for the hardware prefetchers, every 4 KiB. A :class:`HugePageArena` holds a model's packed
-weights in one mapping on huge pages (``model/ops/cpu_linear.place_on_huge_pages``). In-process A/B on a 2-core AMD EPYC Zen 4 (family 25
-model 17), SmolLM2's 120 f32 projections of a decode step (fresh copies, caches flushed,
-alternating, medians of 7; a harness in /tmp): 0.91-0.92x the time at 1 row, 0.94x at 2,
-0.95-0.97x at 4, 0.92x at 12, 0.98x at 34. ``EngineConfig.huge_pages`` (``FLEET_HUGE_PAGES=0``)
-turns both placements off.
+weights in one mapping on huge pages (``model/ops/cpu_linear.place_on_huge_pages``).
+In-process A/B on a 2-core AMD EPYC Zen 4 (family 25 model 17), SmolLM2's 120 f32
+projections of a decode step (fresh copies, caches flushed, alternating, medians of 14; a
+harness in /tmp): 0.91-0.92x the time at 1 row, 0.94x at 2, 0.95-0.97x at 4, 0.92x at 12,
+0.98x at 34. ``EngineConfig.huge_pages`` (``FLEET_HUGE_PAGES=0``) turns both placements off.
 """
 from __future__ import annotations
 
