@@ -44,6 +44,7 @@ class PipelineOptions:
     # The same switches as EngineConfig's, read from the same environment defaults once.
     ops_backend: str = field(default_factory=lambda: os.environ.get("FLEET_OPS") or "auto")
     cpu_kernels: bool = field(default_factory=lambda: switched_on("FLEET_CPU_KERNELS"))
+    huge_pages: bool = field(default_factory=lambda: switched_on("FLEET_HUGE_PAGES"))   # the KV caches'
 
 
 @dataclass
@@ -137,7 +138,8 @@ def _serve(model_dir: str, opts: PipelineOptions, device: torch.device, rank: in
 
     _, cfg, spec, model, _ = _setup(model_dir, opts, device, rank)
     dtype = model.layers[0].input_norm.dtype
-    caches = [allocate_kv_caches(model.cfg, opts.num_blocks, opts.block_size, torch.float32, device)
+    caches = [allocate_kv_caches(model.cfg, opts.num_blocks, opts.block_size, torch.float32, device,
+                                 huge_pages=opts.huge_pages)
               for _ in range(opts.num_microbatches or opts.num_stages)]
     while (batch := comm.recv_batch(rank - 1, cfg.hidden_size, dtype, device)) is not None:
         plan = model.ops.plan_attention(batch.meta)
@@ -169,7 +171,8 @@ def _drive(model_dir: str, opts: PipelineOptions, device: torch.device, prompts,
     engines = []
     for _ in range(opts.num_microbatches or opts.num_stages):
         kv = KVCacheManager(opts.num_blocks, opts.block_size)
-        caches = allocate_kv_caches(model.cfg, opts.num_blocks, opts.block_size, torch.float32, device)
+        caches = allocate_kv_caches(model.cfg, opts.num_blocks, opts.block_size, torch.float32, device,
+                                    huge_pages=opts.huge_pages)
         engines.append(_Engine(Scheduler(kv, max_num_batched_tokens=opts.max_num_batched_tokens,
                                          max_num_seqs=opts.max_num_seqs),
                                ModelRunner(model, caches, opts.block_size)))

@@ -31,3 +31,14 @@ def test_the_worker_flag_beats_the_environment(monkeypatch):
     monkeypatch.setenv("FLEET_OPS", "triton")
     assert engine_config(parser.parse_args([])).ops_backend == "triton"
     assert engine_config(parser.parse_args(["--ops-backend", "torch"])).ops_backend == "torch"
+
+
+def test_pipeline_stages_take_the_same_switches(monkeypatch):
+    from gpu_worker.parallel.pipeline import PipelineOptions
+
+    for name in SWITCHES + ("FLEET_OPS",):
+        monkeypatch.delenv(name, raising=False)
+    assert (PipelineOptions().cpu_kernels, PipelineOptions().huge_pages) == (True, True)
+    monkeypatch.setenv("FLEET_CPU_KERNELS", "0")
+    monkeypatch.setenv("FLEET_HUGE_PAGES", "0")
+    assert (PipelineOptions().cpu_kernels, PipelineOptions().huge_pages) == (False, False)
