@@ -29,7 +29,8 @@ def build_speculator(config: EngineConfig, model, kv_caches: list, tokenizer=Non
         proposer = NgramProposer()
     elif kind == "self" and config.self_draft_quantization:
         proposer = quantized_self_drafter(model, kv_caches, config.self_draft_quantization, bs,
-                                          model_dir, tokenizer, cache=config.quant_cache)
+                                          model_dir, tokenizer, cache=config.quant_cache,
+                                          huge_pages=config.huge_pages)
     elif kind == "self":
         layers = config.self_draft_layers or max(1, model.cfg.num_layers // 4)
         proposer = early_exit_drafter(model, kv_caches, layers, bs)

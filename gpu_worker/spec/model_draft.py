@@ -18,8 +18,8 @@ from gpu_worker.model.llama import LlamaForCausalLM
 from gpu_worker.runner import allocate_kv_caches
 from gpu_worker.spec.speculator import DraftItem
 
-# (input_ids [n], positions [n], plan) -> logits [n, vocab]
-DraftForward = Callable[[torch.Tensor, torch.Tensor, object], torch.Tensor]
+# (input_ids [n], positions [n], plan) -> each row's greedy token
+DraftForward = Callable[[torch.Tensor, torch.Tensor, object], list[int]]
 
 
 class ModelDrafter:
@@ -45,8 +45,8 @@ class ModelDrafter:
                                             [1] * len(active), self.block_size, self.device)
             ids = torch.tensor([current[it.request.request_id] for it in active], device=self.device)
             plan = self.model.ops.plan_attention(meta)
-            logits = self._forward(ids, torch.tensor(positions, device=self.device), plan)
-            for it, tok in zip(active, logits.argmax(dim=-1).tolist()):
+            tokens = self._forward(ids, torch.tensor(positions, device=self.device), plan)
+            for it, tok in zip(active, tokens):
                 drafts[it.request.request_id].append(tok)
                 current[it.request.request_id] = tok
         return drafts
@@ -60,28 +60,48 @@ def early_exit_drafter(target: LlamaForCausalLM, kv_caches: list, num_layers: in
     def forward(ids, positions, plan):
         x = torch.nn.functional.embedding(ids, target.embed)
         x, residual = target.forward_layers(x, None, positions, kv_caches[:num_layers], plan, 0, num_layers)
-        h = target.ops.add_rms_norm(x, residual, target.norm, target.cfg.rms_norm_eps)[0]
-        return target.compute_logits(h)
+        return greedy(target, target.ops.add_rms_norm(x, residual, target.norm, target.cfg.rms_norm_eps)[0])
 
     return ModelDrafter("self", target, forward, block_size)
 
 
 def quantized_self_drafter(target: LlamaForCausalLM, kv_caches: list, method: str, block_size: int,
-                           model_dir=None, tokenizer=None, *, cache: bool = True) -> ModelDrafter:
+                           model_dir=None, tokenizer=None, *, cache: bool = True,
+                           huge_pages: bool = True) -> ModelDrafter:
     """The target's own weights, weight-only quantized (``int8``/``int4``), reading the
     target's KV cache as its context: no cache or catch-up pass of its own. Drafts are only
     proposals, so the small difference between quantized and exact keys costs acceptance,
     never correctness. On a GPU a draft step moves a quarter (int4) of the target's bytes.
     With the target's ``tokenizer``, INT4 is calibrated as ``--quantization int4`` is (and
     shares its cache, keyed by ``model_dir``): on SmolLM2 its agreement with the target, so
-    the drafts' acceptance, rose from 76 % (uncalibrated) to 87 %."""
+    the drafts' acceptance, rose from 76 % (uncalibrated) to 87 %.
+
+    On the ``cpu`` backend the draft then runs as the target does: its quantized weights on
+    huge pages (unless ``huge_pages`` is False; the head it shares with the target stays
+    where it is), its decode steps through the fused C layers, and its tokens from the
+    target's greedy screen where the two share the head (:func:`greedy`)."""
     import copy
 
     from gpu_worker.model.quant.cache import quantize_for_serving
 
     draft = copy.deepcopy(target)
     quantize_for_serving(draft, method, model_dir, tokenizer, cache=cache)
+    if draft.greedy_head is not None and not _same_head(draft, target):
+        draft.greedy_head = None   # its screen proves the target's head's argmax, not a requantized one's
+    if draft.ops.name == "cpu":
+        from gpu_worker.model.ops.cpu_fused import install as install_fused_decode
+        from gpu_worker.model.ops.cpu_linear import place_on_huge_pages
+
+        if huge_pages:
+            place_on_huge_pages(draft, shared_with=target)   # before the fused layers take pointers
+        install_fused_decode(draft)
     return ModelDrafter("self", draft, _whole_model(draft, kv_caches), block_size)
+
+
+def _same_head(a: LlamaForCausalLM, b: LlamaForCausalLM) -> bool:
+    """Both models compute their logits from the same packed head weight."""
+    pa, pb = getattr(a, "packed_head", None), getattr(b, "packed_head", None)
+    return pa is not None and pb is not None and getattr(pa, "packed", None) is getattr(pb, "packed", False)
 
 
 def draft_model_drafter(draft: LlamaForCausalLM, num_blocks: int, block_size: int, *,
@@ -97,6 +117,13 @@ def draft_model_drafter(draft: LlamaForCausalLM, num_blocks: int, block_size: in
     return ModelDrafter("draft", draft, _whole_model(draft, kv), block_size, observe=observe)
 
 
+def greedy(model: LlamaForCausalLM, hidden: torch.Tensor) -> list[int]:
+    """Each row's argmax of ``model.compute_logits(hidden)``: from the greedy screen where the
+    model has one (a few candidates' exact logits instead of the whole head's), else the logits."""
+    tokens = model.greedy_tokens(hidden)
+    return model.compute_logits(hidden).argmax(dim=-1).tolist() if tokens is None else tokens
+
+
 def _whole_model(model: LlamaForCausalLM, kv_caches: list) -> DraftForward:
     """Drafting with every layer of ``model`` over ``kv_caches``."""
-    return lambda ids, positions, plan: model.compute_logits(model(ids, positions, kv_caches, plan))
+    return lambda ids, positions, plan: greedy(model, model(ids, positions, kv_caches, plan))

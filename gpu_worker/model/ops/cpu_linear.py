@@ -155,15 +155,23 @@ def pack_dense_for_cpu(model: nn.Module, fmt: str) -> int:
 TRIM_EVERY = 256 << 20
 
 
-def place_on_huge_pages(model: nn.Module) -> int:
+def place_on_huge_pages(model: nn.Module, shared_with: nn.Module | None = None) -> int:
     """Move the packed weights of ``model`` (every CpuPackedLinear's tiles, scales and minima;
     the greedy head's bf16 pairs and int8 codes) into one mapping on transparent huge pages
     (``cpu_tuning.HugePageArena``: why, and what it measured). Before anything keeps pointers
     to them (the fused decode layers). One weight at a time, the heap's freed pages given back
     every TRIM_EVERY bytes, so that the load's peak memory grows by that much, not by a second
-    copy of the model. Returns the bytes placed (0: none, or the platform gives no huge pages)."""
+    copy of the model. Weights that ``shared_with`` holds too (a self-drafter's copy of its
+    target: the head, the greedy screen) stay where they are. Returns the bytes placed (0:
+    none, or the platform gives no huge pages)."""
+    def packed_of(m: nn.Module | None) -> list[CpuPackedLinear]:
+        return [] if m is None else [x for x in m.modules() if isinstance(x, CpuPackedLinear)]
+
+    theirs = {id(x.packed) for x in packed_of(shared_with)}
     head = getattr(model, "greedy_head", None)
-    owners = [(m, "packed") for m in model.modules() if isinstance(m, CpuPackedLinear)]
+    if head is not None and head is getattr(shared_with, "greedy_head", None):
+        head = None
+    owners = [(m, "packed") for m in packed_of(model) if id(m.packed) not in theirs]
     owners += [(head, name) for name in ("codes", "pairs") if getattr(head, name, None) is not None]
 
     def parts(value) -> list[torch.Tensor | None]:
