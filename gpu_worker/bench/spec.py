@@ -1,6 +1,7 @@
 """``fleet bench spec``: speculative decoding proposers side by side, in one process.
 
-Batch-1 decode speed without and with each proposer on an input-grounded workload (repeat,
+Batch-1 decode speed without and with each proposer (``--proposers``: n-gram, early-exit and
+int8/int4 self-drafts, a truncated draft model) on an input-grounded workload (repeat,
 quote, summarise or edit a given text: n-gram material) and on open chat prompts; each
 proposer's acceptance rate and mean accepted length; and mixed-workload throughput at 32
 concurrent requests with and without speculation (adaptive depth on).
@@ -38,21 +39,34 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-speculative-tokens", type=int, default=4)
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--concurrent", type=int, default=32)
+    p.add_argument("--proposers", default=",".join(PROPOSERS),
+                   help=f"comma-separated, of {','.join(PROPOSERS)} (default: all)")
     p.add_argument("--json", type=Path, default=None)
+
+
+# What each proposer name builds: the engine's speculative options. The quantized self-drafts
+# are the target's own weights at int8 / int4 (calibrated as --quantization int4 is).
+PROPOSERS = {"ngram": {"speculative": "ngram"}, "self": {"speculative": "self"}, "draft": {"speculative": "draft"},
+             "self-int8": {"speculative": "self", "self_draft_quantization": "int8"},
+             "self-int4": {"speculative": "self", "self_draft_quantization": "int4"}}
 
 
 def run(args: argparse.Namespace) -> int:
     from gpu_worker.llm import LLM
 
-    draft = args.draft_model or _truncated_draft(args.model, 8)
+    draft = args.draft_model or (_truncated_draft(args.model, 8) if "draft" in args.proposers.split(",") else None)
     result: dict = {"num_speculative_tokens": args.num_speculative_tokens, "max_tokens": args.max_tokens,
-                    "draft_model": Path(draft).name}
+                    "draft_model": Path(draft).name if draft else None}
     base = LLM(args.model, kv_cache_memory=1 << 30)
     tok = base.tokenizer
     workloads = {"grounded": [tok.apply_chat_template([{"role": "user", "content": p}]) for p in GROUNDED],
                  "chat": [tok.apply_chat_template([{"role": "user", "content": p}]) for p in CHAT]}
-    for kind in ("ngram", "self", "draft"):
-        llm = LLM(args.model, kv_cache_memory=256 << 20, speculative=kind, draft_model=draft,
+    kinds = [k for k in args.proposers.split(",") if k]
+    unknown = [k for k in kinds if k not in PROPOSERS]
+    if unknown:
+        raise SystemExit(f"unknown proposers {unknown}: choose from {list(PROPOSERS)}")
+    for kind in kinds:
+        llm = LLM(args.model, kv_cache_memory=256 << 20, draft_model=draft, **PROPOSERS[kind],
                   num_speculative_tokens=args.num_speculative_tokens, self_draft_layers=args.self_draft_layers)
         # A fresh baseline per proposer: one that served the same prompts in an earlier turn
         # would find them in its prefix cache and skip the prefill the proposer pays for.
@@ -68,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         stats = llm.engine.stats()
         per["acceptance_rate"] = stats["spec_acceptance_rate"]
         per["mean_accepted_length"] = stats["spec_mean_accepted_length"]
-        per["drafted_tokens"] = stats["spec_drafted_tokens"][kind]
+        per["drafted_tokens"] = stats["spec_drafted_tokens"][PROPOSERS[kind]["speculative"]]
         result[kind] = per
         logger.info("%s: %s", kind, per)
     items = mixed_workload(args.concurrent, seed=1)
