@@ -114,7 +114,11 @@ class EngineCore:
                    deltas: list[RequestDelta]) -> None:
         """Learn from the step, then draft for the next one (through the scheduler)."""
         spec = self.speculator
-        spec.observe_step(sched_out.num_batched_tokens, elapsed)
+        if all(s.num_new_tokens == 1 + s.num_spec_tokens for s in sched_out.scheduled):
+            # Decode and verification rows only: the step cost that a draft's marginal token
+            # adds to. A prefill chunk's tokens cost less each and would skew the fit.
+            spec.observe_step(sched_out.num_batched_tokens, elapsed,
+                              drafted=any(s.num_spec_tokens for s in sched_out.scheduled))
         spec.record(run_out.num_drafted, run_out.num_accepted)
         for d in deltas:
             if d.finished:

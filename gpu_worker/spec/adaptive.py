@@ -1,13 +1,21 @@
 """Adaptive speculation depth: k per request from its recent acceptance, and none at all
 when the batch is already compute-bound.
 
-Step time is modelled online as ``a + b * tokens`` (least squares over recent steps). The
+Step time is modelled online as ``a + b * tokens`` (least squares over recent decode steps),
+once for steps that verify drafts and once for plain ones: a step with drafts can take
+another path (on the CPU, verification rows leave the fused decode layers, which serve one
+row a request), so its time is not the plain line extended. The
 j-th draft of a request with acceptance rate ``alpha`` yields ``alpha**j`` extra tokens in
 expectation and costs ``b`` (one more token in the target's batch) plus the drafter's cost
 per token. It is worth proposing only while that yield per second beats the rate the step
 already achieves (tokens per second of a plain step). In a small, memory-bound batch ``a``
 dominates and deep drafts pay; in a large, compute-bound batch the marginal token costs as
-much as a plain step's tokens, so no draft is proposed.
+much as a plain step's tokens, so no draft is proposed. Once a step's drafts are known, the
+speculator drops them all where the step with them (its own line, at its size, plus their
+expected accepted tokens) yields fewer tokens a second than the plain step
+(:meth:`AdaptiveDepth.worth_it`): drafts for a few requests of a large batch move every row
+off the plain path. It keeps the plain line current by leaving one step in PLAIN_EVERY
+without drafts.
 """
 from __future__ import annotations
 
@@ -16,6 +24,7 @@ from collections import deque
 PRIOR_ACCEPTANCE = 0.6
 EMA = 0.3
 PROBE_EVERY = 32          # a request with k = 0 first retries one draft after this many steps
+PLAIN_EVERY = 16          # one decode step in this many goes without drafts: the plain line's data
 
 
 class StepCostModel:
@@ -43,7 +52,8 @@ class StepCostModel:
 class AdaptiveDepth:
     def __init__(self, max_k: int) -> None:
         self.max_k = max_k
-        self.cost = StepCostModel()
+        self.cost = StepCostModel()             # steps that verified no drafts
+        self.spec_cost = StepCostModel()        # steps that did: another path where rows per request > 1
         self.draft_seconds_per_token = 0.0      # measured cost of drafting one token
         self._alpha: dict[str, float] = {}
         self._idle: dict[str, int] = {}
@@ -65,10 +75,29 @@ class AdaptiveDepth:
         self._alpha.pop(request_id, None)
         self._idle.pop(request_id, None)
 
+    def observe(self, num_tokens: int, seconds: float, drafted: bool) -> None:
+        """A decode step's size and time, filed by whether it verified drafts."""
+        (self.spec_cost if drafted else self.cost).observe(num_tokens, seconds)
+
+    def worth_it(self, batch_tokens: int, drafts: dict[str, int]) -> bool:
+        """Whether a step that verifies ``drafts`` (request id -> drafted tokens) beside its
+        ``batch_tokens`` plain rows yields more tokens a second than the same step without
+        them, each line at its own size; True until both kinds of step have been measured.
+        A whole step changes path for one request's drafts, so the gain of those few requests
+        is weighed against the cost to every row."""
+        plain, spec = self.cost.coefficients(), self.spec_cost.coefficients()
+        if plain is None or spec is None:
+            return True
+        n = batch_tokens
+        gained = sum(sum(self._alpha.get(rid, self.global_alpha) ** j for j in range(1, k + 1))
+                     for rid, k in drafts.items())
+        spec_seconds = spec[0] + spec[1] * (n + sum(drafts.values()))
+        return (n + gained) / spec_seconds > n / (plain[0] + plain[1] * n)
+
     def depth(self, request_id: str, batch_tokens: int) -> int:
         """Drafts to propose for this request, given the plain batch size."""
         alpha = self._alpha.get(request_id, self.global_alpha)
-        coef = self.cost.coefficients()
+        coef = self.spec_cost.coefficients() or self.cost.coefficients()
         if coef is None:
             k = self.max_k if alpha > 0.3 else 1      # no cost data yet: go by acceptance only
         else:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from gpu_worker.request import Request
-from gpu_worker.spec.adaptive import AdaptiveDepth
+from gpu_worker.spec.adaptive import PLAIN_EVERY, AdaptiveDepth
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +43,7 @@ class Speculator:
         self.num_drafted = 0
         self.num_accepted = 0
         self.num_verifications = 0      # request-steps that verified at least one draft
+        self._proposals = 0             # propose calls: every PLAIN_EVERY-th drafts nothing (adaptive)
 
     @property
     def num_lookahead_tokens(self) -> int:
@@ -57,8 +58,9 @@ class Speculator:
             self.num_accepted += accepted
             self.num_verifications += drafted > 0
 
-    def observe_step(self, num_tokens: int, seconds: float) -> None:
-        self.depth.cost.observe(num_tokens, seconds)
+    def observe_step(self, num_tokens: int, seconds: float, drafted: bool = False) -> None:
+        """A decode step's size and time (``drafted``: it verified drafts)."""
+        self.depth.observe(num_tokens, seconds, drafted)
 
     def forget(self, request_id: str) -> None:
         self.depth.forget(request_id)
@@ -68,6 +70,9 @@ class Speculator:
         proposal raised, with the error, for the caller to fail. A proposal that raises is
         retried one request at a time; when every request fails alone the drafter itself is
         broken, and this step goes without drafts (drafting is optional)."""
+        self._proposals += 1
+        if self.adaptive and self._proposals % PLAIN_EVERY == 0:
+            return {}, []   # a plain step now and then keeps AdaptiveDepth's plain line measured
         items = []
         for req, block_ids in decoding:
             if not req.params.speculative:
@@ -89,6 +94,9 @@ class Speculator:
             per_token = (time.perf_counter() - t0) / total
             d = self.depth
             d.draft_seconds_per_token = 0.8 * d.draft_seconds_per_token + 0.2 * per_token if d.draft_seconds_per_token else per_token
+        drafted = {rid: len(d) for rid, d in drafts.items() if d}
+        if self.adaptive and drafted and not self.depth.worth_it(len(decoding), drafted):
+            return {}, failed   # the step runs plain: these drafts would cost it more than they add
         return drafts, failed
 
     def _propose_alone(self, items: list[DraftItem]) -> tuple[dict[str, list[int]], list[tuple[Request, Exception]]]:
