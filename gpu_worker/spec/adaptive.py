@@ -15,7 +15,8 @@ speculator drops them all where the step with them (its own line, at its size, p
 expected accepted tokens) yields fewer tokens a second than the plain step
 (:meth:`AdaptiveDepth.worth_it`): drafts for a few requests of a large batch move every row
 off the plain path. It keeps the plain line current by leaving one step in PLAIN_EVERY
-without drafts.
+without drafts, one in PLAIN_EVERY_MEASURED once the line is measured
+(:meth:`AdaptiveDepth.plain_step_due`).
 """
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ from collections import deque
 PRIOR_ACCEPTANCE = 0.6
 EMA = 0.3
 PROBE_EVERY = 32          # a request with k = 0 first retries one draft after this many steps
-PLAIN_EVERY = 16          # one decode step in this many goes without drafts: the plain line's data
+PLAIN_EVERY = 16          # one decode step in this many goes without drafts (the plain line's data),
+PLAIN_EVERY_MEASURED = 64  # and one in this many once that line is measured
 
 
 class StepCostModel:
@@ -78,6 +80,11 @@ class AdaptiveDepth:
     def observe(self, num_tokens: int, seconds: float, drafted: bool) -> None:
         """A decode step's size and time, filed by whether it verified drafts."""
         (self.spec_cost if drafted else self.cost).observe(num_tokens, seconds)
+
+    def plain_step_due(self, proposals: int) -> bool:
+        """Whether the ``proposals``-th drafting step should go plain instead, for the plain line."""
+        every = PLAIN_EVERY if self.cost.coefficients() is None else PLAIN_EVERY_MEASURED
+        return proposals % every == 0
 
     def worth_it(self, batch_tokens: int, drafts: dict[str, int]) -> bool:
         """Whether a step that verifies ``drafts`` (request id -> drafted tokens) beside its

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from gpu_worker.request import Request
-from gpu_worker.spec.adaptive import PLAIN_EVERY, AdaptiveDepth
+from gpu_worker.spec.adaptive import AdaptiveDepth
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ class Speculator:
         self.num_drafted = 0
         self.num_accepted = 0
         self.num_verifications = 0      # request-steps that verified at least one draft
-        self._proposals = 0             # propose calls: every PLAIN_EVERY-th drafts nothing (adaptive)
+        self._proposals = 0             # propose calls (adaptive: a few draft nothing, plain_step_due)
 
     @property
     def num_lookahead_tokens(self) -> int:
@@ -71,7 +71,7 @@ class Speculator:
         retried one request at a time; when every request fails alone the drafter itself is
         broken, and this step goes without drafts (drafting is optional)."""
         self._proposals += 1
-        if self.adaptive and self._proposals % PLAIN_EVERY == 0:
+        if self.adaptive and self.depth.plain_step_due(self._proposals):
             return {}, []   # a plain step now and then keeps AdaptiveDepth's plain line measured
         items = []
         for req, block_ids in decoding:

@@ -2,7 +2,7 @@
 a step's drafts dropped where they would cost its rows more than they add."""
 from types import SimpleNamespace
 
-from gpu_worker.spec.adaptive import PLAIN_EVERY, AdaptiveDepth
+from gpu_worker.spec.adaptive import PLAIN_EVERY, PLAIN_EVERY_MEASURED, AdaptiveDepth
 from gpu_worker.spec.speculator import Speculator
 
 
@@ -47,10 +47,13 @@ def _decoding(n):
                              grammar=None), []) for i in range(n)]
 
 
-def test_the_speculator_leaves_one_step_in_plain_every_without_drafts():
+def test_the_speculator_leaves_a_few_steps_without_drafts():
     spec = Speculator(_Always(), 4)
     got = [bool(spec.propose(_decoding(2))[0]) for _ in range(2 * PLAIN_EVERY)]
     assert got.count(False) == 2 and not got[PLAIN_EVERY - 1] and not got[-1]
+    _measured(spec.depth, spec=(0.010, 0.0001))   # both lines measured, drafting pays: fewer probes
+    got = [bool(spec.propose(_decoding(2))[0]) for _ in range(PLAIN_EVERY_MEASURED)]
+    assert got.count(False) == 1
     fixed = Speculator(_Always(), 4, adaptive=False)
     assert all(fixed.propose(_decoding(2))[0] for _ in range(2 * PLAIN_EVERY))
 
