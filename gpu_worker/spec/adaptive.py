@@ -86,12 +86,13 @@ class AdaptiveDepth:
         every = PLAIN_EVERY if self.cost.coefficients() is None else PLAIN_EVERY_MEASURED
         return proposals % every == 0
 
-    def worth_it(self, batch_tokens: int, drafts: dict[str, int]) -> bool:
+    def worth_it(self, batch_tokens: int, drafts: dict[str, int], unpaid: bool = False) -> bool:
         """Whether a step that verifies ``drafts`` (request id -> drafted tokens) beside its
         ``batch_tokens`` plain rows yields more tokens a second than the same step without
-        them, each line at its own size; True until both kinds of step have been measured.
-        A whole step changes path for one request's drafts, so the gain of those few requests
-        is weighed against the cost to every row."""
+        them, each line at its own size (``unpaid``: the drafts are still to be made, so their
+        drafting time counts too); True until both kinds of step have been measured. A whole
+        step changes path for one request's drafts, so the gain of those few requests is
+        weighed against the cost to every row."""
         plain, spec = self.cost.coefficients(), self.spec_cost.coefficients()
         if plain is None or spec is None:
             return True
@@ -99,6 +100,8 @@ class AdaptiveDepth:
         gained = sum(sum(self._alpha.get(rid, self.global_alpha) ** j for j in range(1, k + 1))
                      for rid, k in drafts.items())
         spec_seconds = spec[0] + spec[1] * (n + sum(drafts.values()))
+        if unpaid:
+            spec_seconds += self.draft_seconds_per_token * sum(drafts.values())
         return (n + gained) / spec_seconds > n / (plain[0] + plain[1] * n)
 
     def depth(self, request_id: str, batch_tokens: int) -> int:

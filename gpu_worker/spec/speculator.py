@@ -80,8 +80,10 @@ class Speculator:
             k = self.depth.depth(req.request_id, len(decoding)) if self.adaptive else self.max_k
             if (k := min(k, req.max_num_drafts)) > 0:
                 items.append(DraftItem(req, k, block_ids))
-        if not items:
-            return {}, []
+        if not items or (self.adaptive and self.proposer.uses_model
+                         and not self.depth.worth_it(len(decoding), {it.request.request_id: it.k for it in items},
+                                                     unpaid=True)):
+            return {}, []   # a model drafter's time is not spent on drafts the step would drop
         t0 = time.perf_counter()
         try:
             drafts, failed = self.proposer.propose(items), []

@@ -62,3 +62,24 @@ def test_the_speculator_drops_drafts_that_cost_the_step_more():
     spec = Speculator(_Always(), 4)
     _measured(spec.depth, spec=(0.200, 0.001))    # a drafted step costs 190 ms more: never worth it
     assert spec.propose(_decoding(4)) == ({}, [])
+
+
+class _Counting(_Always):
+    uses_model = True
+
+    def __init__(self):
+        self.calls = 0
+
+    def propose(self, items):
+        self.calls += 1
+        return super().propose(items)
+
+
+def test_a_model_drafter_is_not_run_for_drafts_the_step_would_drop():
+    drafter = _Counting()
+    spec = Speculator(drafter, 4)
+    _measured(spec.depth, spec=(0.010, 0.0001))
+    spec.depth.draft_seconds_per_token = 0.050       # drafting itself costs more than it saves
+    assert spec.propose(_decoding(4)) == ({}, []) and drafter.calls == 0
+    spec.depth.draft_seconds_per_token = 0.0001
+    assert spec.propose(_decoding(4))[0] and drafter.calls == 1
