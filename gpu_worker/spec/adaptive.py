@@ -16,7 +16,8 @@ expected accepted tokens) yields fewer tokens a second than the plain step
 (:meth:`AdaptiveDepth.worth_it`): drafts for a few requests of a large batch move every row
 off the plain path. It keeps the plain line current by leaving one step in PLAIN_EVERY
 without drafts, one in PLAIN_EVERY_MEASURED once the line is measured
-(:meth:`AdaptiveDepth.plain_step_due`).
+(:meth:`AdaptiveDepth.plain_step_due`), and the drafted line by letting one step in
+PLAIN_EVERY_MEASURED draft whatever the check says (:meth:`AdaptiveDepth.drafted_step_due`).
 """
 from __future__ import annotations
 
@@ -85,6 +86,12 @@ class AdaptiveDepth:
         """Whether the ``proposals``-th drafting step should go plain instead, for the plain line."""
         every = PLAIN_EVERY if self.cost.coefficients() is None else PLAIN_EVERY_MEASURED
         return proposals % every == 0
+
+    def drafted_step_due(self, proposals: int) -> bool:
+        """Whether the ``proposals``-th step drafts whatever :meth:`worth_it` says, so that the
+        drafted line stays measured too (it would freeze once drafting stopped, and a load that
+        fell back to a few requests would be judged by the crowd's old figures)."""
+        return proposals % PLAIN_EVERY_MEASURED == PLAIN_EVERY_MEASURED // 2
 
     def worth_it(self, batch_tokens: int, drafts: dict[str, int], unpaid: bool = False) -> bool:
         """Whether a step that verifies ``drafts`` (request id -> drafted tokens) beside its

@@ -80,7 +80,8 @@ class Speculator:
             k = self.depth.depth(req.request_id, len(decoding)) if self.adaptive else self.max_k
             if (k := min(k, req.max_num_drafts)) > 0:
                 items.append(DraftItem(req, k, block_ids))
-        if not items or (self.adaptive and self.proposer.uses_model
+        judged = self.adaptive and not self.depth.drafted_step_due(self._proposals)
+        if not items or (judged and self.proposer.uses_model
                          and not self.depth.worth_it(len(decoding), {it.request.request_id: it.k for it in items},
                                                      unpaid=True)):
             return {}, []   # a model drafter's time is not spent on drafts the step would drop
@@ -97,7 +98,7 @@ class Speculator:
             d = self.depth
             d.draft_seconds_per_token = 0.8 * d.draft_seconds_per_token + 0.2 * per_token if d.draft_seconds_per_token else per_token
         drafted = {rid: len(d) for rid, d in drafts.items() if d}
-        if self.adaptive and drafted and not self.depth.worth_it(len(decoding), drafted):
+        if judged and drafted and not self.depth.worth_it(len(decoding), drafted):
             return {}, failed   # the step runs plain: these drafts would cost it more than they add
         return drafts, failed
 

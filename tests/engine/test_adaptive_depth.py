@@ -62,6 +62,10 @@ def test_the_speculator_drops_drafts_that_cost_the_step_more():
     spec = Speculator(_Always(), 4)
     _measured(spec.depth, spec=(0.200, 0.001))    # a drafted step costs 190 ms more: never worth it
     assert spec.propose(_decoding(4)) == ({}, [])
+    # ... but one step in PLAIN_EVERY_MEASURED drafts anyway, so that the drafted line is
+    # measured again should the load change (it would otherwise stay frozen)
+    got = [bool(spec.propose(_decoding(4))[0]) for _ in range(PLAIN_EVERY_MEASURED)]
+    assert got.count(True) == 1
 
 
 class _Counting(_Always):
