@@ -64,10 +64,18 @@ def build_model(config: EngineConfig, cfg: ModelConfig, model_dir: Path, max_mod
     report_instructions(model)    # what computes each packed format here, once in the log
     if config.greedy_screen:
         install_greedy_head(model)   # when the LM head is packed f32 tiles and the CPU has AVX-512
-    if config.huge_pages:
-        place_on_huge_pages(model)   # the packed weights, before the fused layers take their pointers
-    install_fused_decode(model)   # when every projection is packed for the CPU kernels
+    place_and_fuse(model, config.huge_pages)
     return model
+
+
+def place_and_fuse(model: LlamaForCausalLM, huge_pages: bool, shared_with: LlamaForCausalLM | None = None) -> None:
+    """The last steps of a model's load, in the order they need: its packed weights onto huge
+    pages (unless ``huge_pages`` is False; what ``shared_with`` holds too stays where it is),
+    then the fused decode layers (when every projection is packed for the CPU kernels), which
+    keep pointers to those weights."""
+    if huge_pages:
+        place_on_huge_pages(model, shared_with=shared_with)
+    install_fused_decode(model)
 
 
 def _f32_kernels(model: LlamaForCausalLM, cpu_backend: bool) -> bool:

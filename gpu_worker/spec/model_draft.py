@@ -89,12 +89,9 @@ def quantized_self_drafter(target: LlamaForCausalLM, kv_caches: list, method: st
     if draft.greedy_head is not None and not _same_head(draft, target):
         draft.greedy_head = None   # its screen proves the target's head's argmax, not a requantized one's
     if draft.ops.name == "cpu":
-        from gpu_worker.model.ops.cpu_fused import install as install_fused_decode
-        from gpu_worker.model.ops.cpu_linear import place_on_huge_pages
+        from gpu_worker.model.build import place_and_fuse
 
-        if huge_pages:
-            place_on_huge_pages(draft, shared_with=target)   # before the fused layers take pointers
-        install_fused_decode(draft)
+        place_and_fuse(draft, huge_pages, shared_with=target)
     return ModelDrafter("self", draft, _whole_model(draft, kv_caches), block_size)
 
 
