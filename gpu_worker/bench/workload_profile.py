@@ -46,7 +46,8 @@ def file_forwards(model, timers: Timers, steps: dict) -> None:
             return forward(input_ids, positions, kv_caches, plan, keep=keep)
         rows = int(input_ids.shape[0])
         meta = getattr(plan, "meta", None)
-        decode = getattr(meta, "num_decodes", -1) == rows   # every row a decode row
+        # every row a decode row (on the cpu backend, short chunks' rows count: attention.py)
+        decode = getattr(plan, "decode_rows", getattr(meta, "num_decodes", -1)) == rows
         kind = ("fused decode" if model.fused_decode is not None else "decode") if decode else "prefill"
         before = {k: timers.seconds.get(k, 0.0) for k in INNER}
         t0 = timers.clock()

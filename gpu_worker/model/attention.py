@@ -77,9 +77,15 @@ class _PrefillChunk:
 @dataclass(frozen=True)
 class CpuAttentionPlan:
     meta: AttentionMetadata
-    decode_lens: torch.Tensor | None = None     # [num_decodes] int64 for the C kernel; None without it
+    decode_lens: torch.Tensor | None = None     # [decode_rows] int64 for the C kernel; None without it
     prefill_chunks: torch.Tensor | None = None  # [num_chunks, 3] int64 for the C kernel; None without it
-    decode_tables: torch.Tensor | None = None   # [num_decodes, max_blocks] int64: the decode rows' tables
+    decode_tables: torch.Tensor | None = None   # [decode_rows, max_blocks] int64: the decode rows' tables
+
+    @property
+    def decode_rows(self) -> int:
+        """The leading token rows the C decode kernel attends: the decode section, or every
+        row of a step of short chunks (:data:`ROW_CHUNK_ROWS`)."""
+        return 0 if self.decode_lens is None else self.decode_lens.shape[0]
 
     @cached_property
     def decodes(self) -> list[_DecodeBucket]:
@@ -97,17 +103,36 @@ def plan_cpu_attention(meta: AttentionMetadata) -> CpuAttentionPlan:
     return CpuAttentionPlan(meta)
 
 
+# A step whose chunks are all this short (speculative verification: a request's last token and
+# its drafts) is planned as decode rows, one per token: row j of a chunk of q tokens over a
+# context of L attends to its first L - q + 1 + j keys, which is causal attention, through the
+# decode kernel. So such a step runs on the fused decode layers (kernels/cpu/decode_layers.c)
+# rather than op by op. A row re-reads its chunk's context after the row before it, from L2
+# or L3; the multiply-adds are those of the prefill kernel.
+ROW_CHUNK_ROWS = 16
+
+
 def plan_native_attention(meta: AttentionMetadata) -> CpuAttentionPlan:
     """The plan of the ``cpu`` ops backend: decode rows and prefill chunks for the C kernels."""
     if meta.block_tables.device.type != "cpu" or loaded_kernels() is None:
         return plan_cpu_attention(meta)
     nd = meta.num_decodes
+    if nd < len(meta.query_lens) and max(meta.query_lens[nd:]) <= ROW_CHUNK_ROWS:
+        return _rows_plan(meta)
     decode_lens = torch.tensor(meta.seq_lens[:nd], dtype=torch.int64) if nd else None
     q_lens = meta.query_lens[nd:]   # prefill chunks follow the decode rows, one row per new token
     rows = list(zip(itertools.accumulate(q_lens, initial=nd), q_lens, meta.seq_lens[nd:]))
     chunks = torch.tensor(rows, dtype=torch.int64) if rows else None
     tables = meta.block_tables if nd == len(meta.seq_lens) else meta.block_tables[:nd]
     return CpuAttentionPlan(meta, decode_lens, chunks, tables if nd else None)
+
+
+def _rows_plan(meta: AttentionMetadata) -> CpuAttentionPlan:
+    """Every token row a decode row (ROW_CHUNK_ROWS): its own length, its sequence's table."""
+    lens = [end - q + 1 + j for end, q in zip(meta.seq_lens, meta.query_lens) for j in range(q)]
+    per_seq = torch.tensor(meta.query_lens, dtype=torch.int64)
+    tables = meta.block_tables.repeat_interleave(per_seq, dim=0)
+    return CpuAttentionPlan(meta, torch.tensor(lens, dtype=torch.int64), None, tables)
 
 
 def _prefill_chunks(meta: AttentionMetadata) -> list[_PrefillChunk]:
@@ -162,8 +187,7 @@ def cpu_paged_attention(
     k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, plan.meta.slot_mapping, k)
     v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, plan.meta.slot_mapping, v)
     out = torch.empty_like(q)
-    _decode_rows(q, k_cache, v_cache, plan, scale, out)
-    if plan.meta.num_decodes < q.shape[0]:     # a pure decode step has no prefill rows
+    if _decode_rows(q, k_cache, v_cache, plan, scale, out) < q.shape[0]:   # a pure decode step has no prefill rows
         _prefill_rows(q, k, v, k_cache, v_cache, plan, scale, out)
     return out
 
@@ -196,19 +220,20 @@ def _prefill_rows(q, k, v, k_cache, v_cache, plan: CpuAttentionPlan, scale: floa
         out[p.start:p.end] = o.squeeze(0).transpose(0, 1)
 
 
-def _decode_rows(q, k_cache, v_cache, plan: CpuAttentionPlan, scale: float, out: torch.Tensor) -> None:
+def _decode_rows(q, k_cache, v_cache, plan: CpuAttentionPlan, scale: float, out: torch.Tensor) -> int:
     """The C kernel where the plan was made for it and it takes these tensors (its wrapper
-    refuses other dtypes and layouts with ValueError), else gather + SDPA."""
-    nd = plan.meta.num_decodes
-    if nd and plan.decode_lens is not None:
-        if nd < q.shape[0]:
-            q, out = q[:nd], out[:nd]
+    refuses other dtypes and layouts with ValueError), else gather + SDPA over the decode
+    section. Returns the leading rows it attended (the rest are prefill rows)."""
+    rows = plan.decode_rows
+    if rows:
         try:
-            loaded_kernels().paged_decode(q, k_cache, v_cache, plan.decode_tables, plan.decode_lens, scale, out)
-            return
+            loaded_kernels().paged_decode(q[:rows], k_cache, v_cache, plan.decode_tables, plan.decode_lens, scale,
+                                          out[:rows])
+            return rows
         except ValueError:
             pass
     _bucketed_decode(q, k_cache, v_cache, plan, scale, out)
+    return plan.meta.num_decodes
 
 
 def _bucketed_decode(q, k_cache, v_cache, plan: CpuAttentionPlan, scale: float, out: torch.Tensor) -> None:

@@ -3,8 +3,9 @@ when the batch is already compute-bound.
 
 Step time is modelled online as ``a + b * tokens`` (least squares over recent decode steps),
 once for steps that verify drafts and once for plain ones: a step with drafts can take
-another path (on the CPU, verification rows leave the fused decode layers, which serve one
-row a request), so its time is not the plain line extended. The
+another path (on the CPU, a step whose drafts share it with a prefill chunk runs op by op;
+one of decode and verification rows alone stays on the fused decode layers), so its time is
+not the plain line extended. The
 j-th draft of a request with acceptance rate ``alpha`` yields ``alpha**j`` extra tokens in
 expectation and costs ``b`` (one more token in the target's batch) plus the drafter's cost
 per token. It is worth proposing only while that yield per second beats the rate the step
@@ -56,7 +57,7 @@ class AdaptiveDepth:
     def __init__(self, max_k: int) -> None:
         self.max_k = max_k
         self.cost = StepCostModel()             # steps that verified no drafts
-        self.spec_cost = StepCostModel()        # steps that did: another path where rows per request > 1
+        self.spec_cost = StepCostModel()        # steps that did: maybe another path (see the module's doc)
         self.draft_seconds_per_token = 0.0      # measured cost of drafting one token
         self._alpha: dict[str, float] = {}
         self._idle: dict[str, int] = {}

@@ -1,11 +1,13 @@
 """The shortcuts of a small decode step give what the general paths give: NumPy argmax for
-greedy rows, and the decode-only attention plan (no prefill rows, tables sliced once)."""
+greedy rows, the decode-only attention plan (no prefill rows, tables sliced once), and short
+chunks planned as decode rows."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from gpu_worker.model.attention import build_attention_metadata, cpu_paged_attention, plan_native_attention
+from gpu_worker.model.attention import (ROW_CHUNK_ROWS, CpuAttentionPlan, build_attention_metadata, cpu_paged_attention,
+                                        plan_cpu_attention, plan_native_attention)
 from gpu_worker.model.ops.cpu_native import loaded_kernels
 from gpu_worker.sampler import Sampler, SamplingRow, argmax_rows
 from gpu_worker.sampling_params import SamplingParams
@@ -44,8 +46,47 @@ def test_decode_only_plan_attends_like_a_mixed_one():
     decode_only = plan_native_attention(build_attention_metadata(tables, lens, [1, 1], bs, torch.device("cpu")))
     assert decode_only.decode_tables is decode_only.meta.block_tables
     out = cpu_paged_attention(q[:2], k[:2], v[:2], k_cache.clone(), v_cache.clone(), decode_only, d ** -0.5)
-    mixed = plan_native_attention(build_attention_metadata(tables + [[2]], lens + [2], [1, 1, 2], bs,
-                                                           torch.device("cpu")))   # a prefill row follows
-    assert mixed.meta.num_decodes == 2 and mixed.decode_tables.shape[0] == 2
+    long = ROW_CHUNK_ROWS + 1   # a prefill chunk too long to go as decode rows follows
+    q, k, v = torch.randn(2 + long, heads, d), torch.randn(2 + long, kv_heads, d), torch.randn(2 + long, kv_heads, d)
+    out = cpu_paged_attention(q[:2], k[:2], v[:2], k_cache.clone(), v_cache.clone(), decode_only, d ** -0.5)
+    mixed = plan_native_attention(build_attention_metadata(tables + [[2, 4]], lens + [long], [1, 1, long], bs,
+                                                           torch.device("cpu")))
+    assert mixed.meta.num_decodes == 2 and mixed.decode_tables.shape[0] == 2 and mixed.prefill_chunks is not None
     ref = cpu_paged_attention(q, k, v, k_cache.clone(), v_cache.clone(), mixed, d ** -0.5)
     torch.testing.assert_close(out, ref[:2], rtol=0, atol=0)
+
+
+def test_short_chunks_attend_as_decode_rows_causally():
+    """A step of short chunks (speculative verification) is planned as one decode row per
+    token: each row attends exactly as a decode row at its own length would (the same bits),
+    and as the prefill kernel and the torch path attend the chunk (to float32 rounding)."""
+    if loaded_kernels() is None:
+        pytest.skip("no C compiler: the plan is the torch one")
+    torch.manual_seed(3)
+    heads, kv_heads, d, bs = 9, 3, 64, 16
+    k_cache, v_cache = (torch.randn(12, bs, kv_heads, d) for _ in range(2))
+    tables, lens, q_lens = [[3, 1], [5, 0, 7], [9], [2, 4, 6, 8]], [20, 37, 5, 50], [1, 3, 5, 1]
+    n = sum(q_lens)
+    q, k, v = torch.randn(n, heads, d), torch.randn(n, kv_heads, d), torch.randn(n, kv_heads, d)
+    meta = build_attention_metadata(tables, lens, q_lens, bs, torch.device("cpu"))
+    plan = plan_native_attention(meta)
+    assert plan.prefill_chunks is None and plan.decode_rows == n
+    assert plan.decode_lens.tolist() == [20, 35, 36, 37, 1, 2, 3, 4, 5, 50]
+    caches = k_cache.clone(), v_cache.clone()
+    out = cpu_paged_attention(q, k, v, *caches, plan, d ** -0.5)
+    row = 0
+    for table, end, ql in zip(tables, lens, q_lens):   # each row alone, a decode row at its length
+        for j in range(ql):
+            alone = plan_native_attention(build_attention_metadata([table], [end - ql + 1 + j], [1], bs,
+                                                                   torch.device("cpu")))
+            o = loaded_kernels().paged_decode(q[row:row + 1], *caches, alone.decode_tables, alone.decode_lens,
+                                              d ** -0.5, torch.empty(1, heads, d))
+            torch.testing.assert_close(out[row:row + 1], o, rtol=0, atol=0)
+            row += 1
+    by_chunks = CpuAttentionPlan(meta, plan_native_attention(build_attention_metadata(
+        tables[:1], lens[:1], [1], bs, torch.device("cpu"))).decode_lens,
+        torch.tensor([[1, 3, 37], [4, 5, 5], [9, 1, 50]], dtype=torch.int64), meta.block_tables[:1])
+    ref = cpu_paged_attention(q, k, v, k_cache.clone(), v_cache.clone(), by_chunks, d ** -0.5)   # the prefill kernel
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out, cpu_paged_attention(q, k, v, k_cache.clone(), v_cache.clone(),
+                                                        plan_cpu_attention(meta), d ** -0.5), rtol=1e-5, atol=1e-5)

@@ -52,9 +52,10 @@ class FusedDecode:
 
     @staticmethod
     def takes(x: torch.Tensor, plan) -> bool:
-        """The step is all decode rows, planned for the C attention kernel."""
+        """The step is all decode rows (a step of short chunks counts: plan_native_attention
+        plans their tokens as decode rows), planned for the C attention kernel."""
         return (isinstance(plan, CpuAttentionPlan) and plan.decode_lens is not None and plan.prefill_chunks is None
-                and x.shape[0] == plan.meta.num_decodes and x.dtype == torch.float32)
+                and x.shape[0] == plan.decode_rows and x.dtype == torch.float32)
 
     def current(self, model) -> bool:
         """No projection or norm of the model was swapped since this path was packed."""
