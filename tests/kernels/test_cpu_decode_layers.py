@@ -2,13 +2,14 @@
 compute bit for bit what the per-op path computes: hidden states, residual stream and the
 K/V written into the paged caches, for every packed format (W8A8 too), with q/k/v bias, input scales,
 grouped-query attention, a layer range (a pipeline stage or a draft's first layers) and a
-residual carried in; steps that are not all decode rows keep the per-op path."""
+residual carried in, and steps of short chunks (speculative verification) planned as decode
+rows; steps with longer prefill chunks keep the per-op path."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from gpu_worker.model.attention import build_attention_metadata, plan_native_attention
+from gpu_worker.model.attention import ROW_CHUNK_ROWS, build_attention_metadata, plan_native_attention
 from gpu_worker.model.config import ModelConfig
 from gpu_worker.model.llama import LlamaForCausalLM
 from gpu_worker.model.ops.cpu_fused import install
@@ -117,11 +118,34 @@ def test_a_layer_range_with_a_residual_carried_in():
     assert torch.equal(fused_kv[0][0], caches[0][0]) and torch.equal(fused_kv[3][1], caches[3][1])   # untouched
 
 
+def test_a_step_of_short_chunks_is_bitwise_the_per_op_path():
+    """Speculative verification: a decode row beside chunks of 2-4 tokens (each request's last
+    token and its drafts) over context, planned as one decode row per token, goes through the
+    fused layers with the bits (and the K/V) of the per-op path."""
+    model = _model("f32")
+    assert install(model)
+    g = torch.Generator().manual_seed(5)
+    lens, q_lens = [9, 30, 20], [1, 4, 2]
+    tables, nxt = [], 1
+    for n in lens:
+        blocks = -(-n // BS)
+        tables.append(list(range(nxt + blocks - 1, nxt - 1, -1)))
+        nxt += blocks
+    plan = plan_native_attention(build_attention_metadata(tables, lens, q_lens, BS, CPU))
+    positions = torch.tensor([p for n, q in zip(lens, q_lens) for p in range(n - q, n)])
+    caches = _caches(model, nxt, g)
+    x = torch.randn(sum(q_lens), 64, generator=g)
+    (got_x, got_r), (want_x, want_r), fused_kv, ref_kv = _both(model, x, None, positions, plan, caches, 0, 3)
+    assert torch.equal(got_x, want_x) and torch.equal(got_r, want_r)
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(fused_kv, ref_kv))
+
+
 def test_steps_with_prefill_rows_and_unpacked_models_keep_the_per_op_path():
     model = _model("f32")
     assert install(model)
-    meta = build_attention_metadata([[1], [2]], [5, 3], [1, 3], BS, CPU)   # a decode row, then a prefill chunk
-    assert not model.fused_decode.takes(torch.zeros(4, 64), plan_native_attention(meta))
+    long = ROW_CHUNK_ROWS + 1   # a decode row, then a prefill chunk too long to go as decode rows
+    meta = build_attention_metadata([[1], [2, 3]], [5, long], [1, long], BS, CPU)
+    assert not model.fused_decode.takes(torch.zeros(1 + long, 64), plan_native_attention(meta))
     plain = LlamaForCausalLM(_cfg(), CPU_OPS, max_positions=256)          # oneDNN/torch projections
     assert not install(plain) and plain.fused_decode is None
 
