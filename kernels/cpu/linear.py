@@ -187,14 +187,17 @@ def _library():
     return process_kernels()
 
 
-def tuning(*, prefetch_far: bool | None = None, f32_pairs: bool | None = None) -> dict[str, bool]:
-    """The matmuls' two speed tunings, set where given, as they are afterwards: ``prefetch_far``
-    (prefetch into L2, and calls of 2-7 rows ahead of their own stream) and ``f32_pairs`` (f32
-    past 48 rows in blocks of 6 rows x 64 channels). Both are on by default on Intel CPUs and
-    off on AMD, where they were not measured faster (``linear.c``), and neither changes a
-    result; ``tuning(**previous)`` puts them back. {} where the kernels did not build."""
+def tuning(*, prefetch_far: bool | None = None, f32_pairs: bool | None = None,
+           wide_prefetch: bool | None = None) -> dict[str, bool]:
+    """The matmuls' three speed tunings, set where given, as they are afterwards:
+    ``prefetch_far`` (prefetch into L2, and calls of 2-7 rows ahead of their own stream),
+    ``f32_pairs`` (f32 past 48 rows in blocks of 6 rows x 64 channels) and ``wide_prefetch``
+    (f32 calls of 25-48 rows prefetch the next tile in their passes, as calls of 9-24 rows
+    always do). All three are on by default on Intel CPUs and off on AMD, where they were not
+    measured faster (``linear.c``), and none changes a result; ``tuning(**previous)`` puts
+    them back. {} where the kernels did not build."""
     lib = _library()
-    return {} if lib is None else lib.linear_tuning(prefetch_far, f32_pairs)
+    return {} if lib is None else lib.linear_tuning(prefetch_far, f32_pairs, wide_prefetch)
 
 
 @functools.cache

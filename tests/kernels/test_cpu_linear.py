@@ -121,12 +121,12 @@ def test_avx2_decoded_tiles_of_a_few_rows_are_the_bits_of_a_prefill_call(fmt, gr
     assert torch.equal(L.linear(x[:m], w, bias), L.linear(x, w, bias)[:m])
 
 
-@pytest.mark.parametrize("knob", ["prefetch_far", "f32_pairs"])
+@pytest.mark.parametrize("knob", ["prefetch_far", "f32_pairs", "wide_prefetch"])
 def test_the_cpu_tunings_change_speed_only(knob):
     """Where the matmuls prefetch (L2 and further ahead on Intel, L1 on AMD; on Intel one-row
-    calls over bf16 and int8 codes run ahead of their own stream) and whether f32 past 48 rows
-    takes the 6 x 64 blocks (Intel) or the 8 x 32 ones: every result is the same bits either
-    way, and the setting reads back."""
+    calls over bf16 and int8 codes run ahead of their own stream, and f32 calls of 25-48 rows
+    prefetch the next tile) and whether f32 past 48 rows takes the 6 x 64 blocks (Intel) or
+    the 8 x 32 ones: every result is the same bits either way, and the setting reads back."""
     gen = torch.Generator().manual_seed(7)
     small = torch.randn(96, 576, generator=gen) * 0.05
     w = {"f32": L.pack_f32(torch.randn(100, 576, generator=gen)),
@@ -139,7 +139,7 @@ def test_the_cpu_tunings_change_speed_only(knob):
     try:
         for value in (False, True):
             assert L.tuning(**{knob: value})[knob] is (value and bool(previous) and L._library().simd == "avx512")
-            runs[value] = {(f, m): L.linear(x[:m], p) for f, p in w.items() for m in (1, 2, 4, 8, 12, 40, 49, 300)}
+            runs[value] = {(f, m): L.linear(x[:m], p) for f, p in w.items() for m in (1, 2, 4, 8, 12, 30, 40, 49, 300)}
             if w8a8 is not None:
                 runs[value].update({("w8a8", m): L.linear_w8a8(x[:m], w8a8) for m in (1, 2, 8)})
     finally:
