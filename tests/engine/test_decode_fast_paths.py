@@ -42,12 +42,10 @@ def test_decode_only_plan_attends_like_a_mixed_one():
     heads, kv_heads, d, bs = 9, 3, 64, 16
     k_cache, v_cache = (torch.randn(8, bs, kv_heads, d) for _ in range(2))
     tables, lens = [[3, 1], [5, 0, 7]], [20, 37]
-    q, k, v = torch.randn(4, heads, d), torch.randn(4, kv_heads, d), torch.randn(4, kv_heads, d)
+    long = ROW_CHUNK_ROWS + 1   # a prefill chunk too long to go as decode rows follows the decode rows
+    q, k, v = torch.randn(2 + long, heads, d), torch.randn(2 + long, kv_heads, d), torch.randn(2 + long, kv_heads, d)
     decode_only = plan_native_attention(build_attention_metadata(tables, lens, [1, 1], bs, torch.device("cpu")))
     assert decode_only.decode_tables is decode_only.meta.block_tables
-    out = cpu_paged_attention(q[:2], k[:2], v[:2], k_cache.clone(), v_cache.clone(), decode_only, d ** -0.5)
-    long = ROW_CHUNK_ROWS + 1   # a prefill chunk too long to go as decode rows follows
-    q, k, v = torch.randn(2 + long, heads, d), torch.randn(2 + long, kv_heads, d), torch.randn(2 + long, kv_heads, d)
     out = cpu_paged_attention(q[:2], k[:2], v[:2], k_cache.clone(), v_cache.clone(), decode_only, d ** -0.5)
     mixed = plan_native_attention(build_attention_metadata(tables + [[2, 4]], lens + [long], [1, 1, long], bs,
                                                            torch.device("cpu")))

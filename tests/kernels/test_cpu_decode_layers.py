@@ -56,15 +56,18 @@ def _model(fmt: str, *, bias: bool = True, scaled: bool = False, layers: int = 3
     return model
 
 
-def _step(lens: list[int]):
-    """Decode rows of contexts ``lens`` (the new token included) over scattered blocks."""
+def _step(lens: list[int], q_lens: list[int] | None = None):
+    """Sequences of contexts ``lens`` (the new tokens included) over scattered blocks, each
+    feeding q_lens[i] new tokens (default: one, a decode row)."""
+    q_lens = q_lens or [1] * len(lens)
     tables, nxt = [], 1
     for n in lens:
         blocks = -(-n // BS)
         tables.append(list(range(nxt + blocks - 1, nxt - 1, -1)))
         nxt += blocks
-    meta = build_attention_metadata(tables, lens, [1] * len(lens), BS, CPU)
-    return plan_native_attention(meta), torch.tensor([n - 1 for n in lens]), nxt
+    meta = build_attention_metadata(tables, lens, q_lens, BS, CPU)
+    positions = torch.tensor([p for n, q in zip(lens, q_lens) for p in range(n - q, n)])
+    return plan_native_attention(meta), positions, nxt
 
 
 def _caches(model, num_blocks: int, g: torch.Generator):
@@ -125,15 +128,9 @@ def test_a_step_of_short_chunks_is_bitwise_the_per_op_path():
     model = _model("f32")
     assert install(model)
     g = torch.Generator().manual_seed(5)
-    lens, q_lens = [9, 30, 20], [1, 4, 2]
-    tables, nxt = [], 1
-    for n in lens:
-        blocks = -(-n // BS)
-        tables.append(list(range(nxt + blocks - 1, nxt - 1, -1)))
-        nxt += blocks
-    plan = plan_native_attention(build_attention_metadata(tables, lens, q_lens, BS, CPU))
-    positions = torch.tensor([p for n, q in zip(lens, q_lens) for p in range(n - q, n)])
-    caches = _caches(model, nxt, g)
+    q_lens = [1, 4, 2]
+    plan, positions, blocks = _step([9, 30, 20], q_lens)
+    caches = _caches(model, blocks, g)
     x = torch.randn(sum(q_lens), 64, generator=g)
     (got_x, got_r), (want_x, want_r), fused_kv, ref_kv = _both(model, x, None, positions, plan, caches, 0, 3)
     assert torch.equal(got_x, want_x) and torch.equal(got_r, want_r)
