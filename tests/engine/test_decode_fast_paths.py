@@ -81,9 +81,9 @@ def test_short_chunks_attend_as_decode_rows_causally():
                                               d ** -0.5, torch.empty(1, heads, d))
             torch.testing.assert_close(out[row:row + 1], o, rtol=0, atol=0)
             row += 1
-    by_chunks = CpuAttentionPlan(meta, plan_native_attention(build_attention_metadata(
-        tables[:1], lens[:1], [1], bs, torch.device("cpu"))).decode_lens,
-        torch.tensor([[1, 3, 37], [4, 5, 5], [9, 1, 50]], dtype=torch.int64), meta.block_tables[:1])
+    by_chunks = CpuAttentionPlan(meta, torch.tensor(lens[:1], dtype=torch.int64),   # the first row a decode row
+                                 torch.tensor([[1, 3, 37], [4, 5, 5], [9, 1, 50]], dtype=torch.int64),
+                                 meta.block_tables[:1])
     ref = cpu_paged_attention(q, k, v, k_cache.clone(), v_cache.clone(), by_chunks, d ** -0.5)   # the prefill kernel
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(out, cpu_paged_attention(q, k, v, k_cache.clone(), v_cache.clone(),
