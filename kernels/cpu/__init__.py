@@ -69,7 +69,7 @@ class CpuKernels:
                            ctypes.c_int)
         self._linear_silu_mul = _fn(lib.fleet_linear_silu_mul, _P, _I64, _I64, _I64, _P, _P, _P, ctypes.c_int)
         self._linear_supported = _fn(lib.fleet_linear_supported, ctypes.c_int)
-        self._linear_tuning = _fn(lib.fleet_linear_tuning, ctypes.c_int, ctypes.c_int, ctypes.c_int)
+        self._linear_tuning = _fn(lib.fleet_linear_tuning, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int)
         self._decode_tuning = _fn(lib.fleet_paged_decode_tuning, ctypes.c_int, ctypes.c_int)
         self._w8a8 = _fn(lib.fleet_linear_w8a8, _P, _I64, _I64, _I64, _I64, _P, _P, _P, _P, _P, ctypes.c_int)
         self._w8a8_supported = _fn(lib.fleet_linear_w8a8_supported)
@@ -191,10 +191,12 @@ class CpuKernels:
         return bool(self._linear_supported(fmt))
 
     def linear_tuning(self, prefetch_far: bool | None, f32_pairs: bool | None,
-                      wide_prefetch: bool | None = None) -> dict[str, bool]:
+                      wide_prefetch: bool | None = None, one_row_prefetch: bool | None = None) -> dict[str, bool]:
         """Sets the matmuls' speed tunings where not None (linear.c); returns them as they are then."""
-        code = self._linear_tuning(*(-2 if v is None else int(v) for v in (prefetch_far, f32_pairs, wide_prefetch)))
-        return {"prefetch_far": bool(code & 1), "f32_pairs": bool(code & 2), "wide_prefetch": bool(code & 4)}
+        knobs = (prefetch_far, f32_pairs, wide_prefetch, one_row_prefetch)
+        code = self._linear_tuning(*(-2 if v is None else int(v) for v in knobs))
+        return {"prefetch_far": bool(code & 1), "f32_pairs": bool(code & 2), "wide_prefetch": bool(code & 4),
+                "one_row_prefetch": bool(code & 8)}
 
     def decode_tuning(self, prefetch_tiles: int | None = None, prefetch_l2: bool | None = None) -> dict:
         """Sets decode attention's prefetch where not None (paged_decode.c: how many tiles of 16

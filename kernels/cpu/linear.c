@@ -47,13 +47,29 @@ static int cpu_is_intel(void) {
     return !strcmp(vendor, "GenuineIntel");
 }
 
-/* The three tunings (linear.h, and wide_prefetch below): -1 until first asked, then 0 / 1;
+/* The four tunings (linear.h, and wide_prefetch below): -1 until first asked, then 0 / 1;
  * fleet_linear_tuning sets them. */
-static int tune_far = -1, tune_pairs = -1, tune_wide = -1;
+static int tune_far = -1, tune_pairs = -1, tune_wide = -1, tune_one = -1;
 
 int fleet_prefetch_far(void) {
     if (tune_far < 0) tune_far = cpu_is_intel();   /* a race computes the same answer twice */
     return tune_far;
+}
+
+/* One-row streams prefetch ahead of themselves (linear.h, PF_ONE_K: bf16 and int8; in AVX2
+ * builds int8, int4 and W8A8): on Intel CPUs and in AVX2 builds, where it was measured
+ * faster; AMD CPUs with AVX-512 were not measured. */
+static int one_row_default(void) {
+#if defined(FLEET_AVX2)
+    return 1;
+#else
+    return cpu_is_intel();
+#endif
+}
+
+int fleet_prefetch_one_row(void) {
+    if (tune_one < 0) tune_one = one_row_default();
+    return tune_one;
 }
 
 #if defined(FLEET_AVX512)
@@ -76,16 +92,17 @@ static int wide_prefetch_all(void) {
 #endif
 
 /* Sets the tunings (each 0 or 1; -1: this CPU's default; -2: as it is) and returns them as
- * far + 2 * pairs + 4 * wide. For A/B measurements and the tests: they change speed only,
- * not results. */
-int fleet_linear_tuning(int far, int pairs, int wide) {
+ * far + 2 * pairs + 4 * wide + 8 * one. For A/B measurements and the tests: they change
+ * speed only, not results. */
+int fleet_linear_tuning(int far, int pairs, int wide, int one) {
     if (far > -2) tune_far = far < 0 ? cpu_is_intel() : far;
     if (pairs > -2) tune_pairs = pairs < 0 ? cpu_is_intel() : pairs;
     if (wide > -2) tune_wide = wide < 0 ? cpu_is_intel() : wide;
+    if (one > -2) tune_one = one < 0 ? one_row_default() : one;
 #if defined(FLEET_AVX512)
-    return fleet_prefetch_far() + 2 * f32_pairs_on() + 4 * wide_prefetch_all();
+    return fleet_prefetch_far() + 2 * f32_pairs_on() + 4 * wide_prefetch_all() + 8 * fleet_prefetch_one_row();
 #else
-    return 0;   /* AVX2 prefetches nothing (PF_ON) and has no pairs */
+    return 8 * fleet_prefetch_one_row();   /* AVX2's blocks prefetch nothing else (PF_ON) and it has no pairs */
 #endif
 }
 
@@ -119,20 +136,54 @@ AI void span(const int fmt, const int pf, const int R, const int S, vf acc[RB][2
 }
 
 #if defined(FLEET_AVX2)
-/* One row of per-channel int8 codes (AVX2): the first and the second half of k at once, one
- * accumulator set each, so that the thread streams two places of the tile rather than one (k
- * rotating over the sets, as span does). The one-row int8 call is short of the memory's rate
- * there (kernels/README.md). 2-core AMD EPYC Zen 2 (family 23 model 49), `decode_profile --batch
- * 1 --quantization int8`, six pairs of runs alternating: a step 9.79-10.66 ms against
- * 9.71-11.62 (medians 10.28 / 10.81), faster in 5 of 6 pairs. */
-AI void codes8_halves(const int pf, vf acc[RB][2], const float *x, const tile_t *t, int64_t K) {
-    vf w[2], v[2];
-    const int64_t H = K / 2;
-    for (int64_t k = 0; k < H; k++) {
-        decode(FMT_CODES8, pf, t, k, NULL, NULL, w);
-        decode(FMT_CODES8, 0, t, k + H, NULL, NULL, v);
-        fma_rows(1, acc, x, 1, k, w);
-        fma_rows(1, acc + 1, x, 1, k + H, v);
+/* One row of per-channel int8 codes (AVX2): k in pairs over two accumulator sets held in
+ * locals (through span GCC kept a set in memory, a store and a reload a k: kernels/README.md),
+ * and where the call prefetches (pf_plan's one-row stream) a line a pair, PF_ONE_K k ahead. */
+AI void codes8_row(const int pf, vf acc[RB][2], const float *x, const tile_t *t) {
+    const int64_t K = t->k;
+    const int8_t *c = t->data;
+    vf a0 = acc[0][0], a1 = acc[0][1], b0 = acc[1][0], b1 = acc[1][1];
+    int64_t k = 0;
+    for (; k + 2 <= K; k += 2) {
+        if (pf) _mm_prefetch(t->pf.p + k * TILE, _MM_HINT_T0);   /* a pair's 64 bytes */
+        const vf xa = vf_set1(x[k]), xb = vf_set1(x[k + 1]);
+        a0 = vf_fmadd(xa, vf_from_i8(c + k * TILE), a0);
+        a1 = vf_fmadd(xa, vf_from_i8(c + k * TILE + 16), a1);
+        b0 = vf_fmadd(xb, vf_from_i8(c + (k + 1) * TILE), b0);
+        b1 = vf_fmadd(xb, vf_from_i8(c + (k + 1) * TILE + 16), b1);
+    }
+    if (k < K) {
+        const vf xa = vf_set1(x[k]);
+        a0 = vf_fmadd(xa, vf_from_i8(c + k * TILE), a0);
+        a1 = vf_fmadd(xa, vf_from_i8(c + k * TILE + 16), a1);
+    }
+    acc[0][0] = a0, acc[0][1] = a1, acc[1][0] = b0, acc[1][1] = b1;
+}
+
+/* One row over int4 codes (AVX2): accumulate_int4_folded's sums (the even k of a group in
+ * one set, the odd k in the other, the group's scale and min applied after its sum), held in
+ * locals rather than in the block's array, where GCC kept a set in memory; the same bits. */
+AI void nibbles_row(const int pf, vf acc[RB][2], const float *x, const tile_t *t) {
+    const int64_t K = t->k, G = t->group;
+    const uint8_t *c = t->data;
+    for (int64_t g = 0, k0 = 0; k0 < K; g++, k0 += G) {
+        vf e0 = vf_zero(), e1 = vf_zero(), o0 = vf_zero(), o1 = vf_zero(), lo, hi, s[2], m[2];
+        const uint8_t *b = c + k0 / 2 * TILE;   /* 32 bytes a k pair */
+        for (int64_t k = k0; k < k0 + G; k += 2, b += TILE) {
+            if (pf) _mm_prefetch(t->pf.p + (b - c), _MM_HINT_T0);   /* as codes8_row */
+            const vf xe = vf_set1(x[k]), xo = vf_set1(x[k + 1]);
+            vf_from_nibbles(b, &lo, &hi);
+            e0 = vf_fmadd(xe, lo, e0);
+            o0 = vf_fmadd(xo, hi, o0);
+            vf_from_nibbles(b + 16, &lo, &hi);
+            e1 = vf_fmadd(xe, lo, e1);
+            o1 = vf_fmadd(xo, hi, o1);
+        }
+        load_pair(t->scales + g * TILE, s);
+        load_pair(t->mins + g * TILE, m);
+        const vf xs = vf_set1(t->xsum[g]);
+        acc[0][0] = vf_fmadd(xs, m[0], vf_fmadd(vf_add(e0, o0), s[0], acc[0][0]));
+        acc[0][1] = vf_fmadd(xs, m[1], vf_fmadd(vf_add(e1, o1), s[1], acc[0][1]));
     }
 }
 #endif
@@ -174,6 +225,17 @@ AI void accumulate(const int fmt, const int pf, const int R, vf acc[RB][2], cons
                    const tile_t *t) {
     const int S = SETS(R);
     vf s[2], m[2];
+#if defined(FLEET_AVX2)
+    /* AVX2 prefetches only in the one-row routines; a one-row bf16 or grouped int8 stream
+     * through span measured level with it or slower (kernels/README.md). */
+    const int span_pf = 0;
+    if (fmt == FMT_INT4 && R == 1) {
+        nibbles_row(pf, acc, x, t);
+        return;
+    }
+#else
+    const int span_pf = pf;
+#endif
     if (fmt == FMT_INT4 && R <= RB / 2) {
         accumulate_int4_folded(pf, R, acc, x, ldx, t);
         return;
@@ -183,17 +245,17 @@ AI void accumulate(const int fmt, const int pf, const int R, vf acc[RB][2], cons
     for (int64_t g = 0, k0 = 0; k0 < K; g++, k0 += G) {
         if (channel) {
 #if defined(FLEET_AVX2)
-            if (R == 1 && S == 2 && K % 2 == 0) {
-                codes8_halves(pf, acc, x, t, K);
+            if (R == 1 && S == 2) {
+                codes8_row(pf, acc, x, t);
                 break;
             }
 #endif
-            span(FMT_CODES8, pf, R, S, acc, x, ldx, t, 0, K, s, m);
+            span(FMT_CODES8, span_pf, R, S, acc, x, ldx, t, 0, K, s, m);
             break;
         }
         if (fmt >= FMT_INT8) load_pair(t->scales + g * TILE, s);
         if (fmt == FMT_INT4) load_pair(t->mins + g * TILE, m);
-        span(fmt, pf, R, S, acc, x, ldx, t, k0, k0 + G, s, m);
+        span(fmt, span_pf, R, S, acc, x, ldx, t, k0, k0 + G, s, m);
     }
     for (int j = 1; j < S; j++)
         for (int r = 0; r < R; r++)
@@ -680,7 +742,10 @@ int fleet_linear_silu_mul(const float *x, int64_t M, int64_t N, int64_t K, const
 
 int fleet_linear_supported(int fmt) { (void)fmt; return 0; }
 
-int fleet_linear_tuning(int far, int pairs, int wide) { (void)far; (void)pairs; (void)wide; return 0; }
+int fleet_linear_tuning(int far, int pairs, int wide, int one) {
+    (void)far; (void)pairs; (void)wide; (void)one;
+    return 0;
+}
 
 int fleet_linear(int fmt, const float *x, int64_t M, int64_t N, int64_t K, int64_t G, const void *data,
                  const float *scales, const float *mins, const float *bias, float *out, int num_threads) {

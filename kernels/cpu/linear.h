@@ -95,16 +95,25 @@ int fleet_linear_amx_split(int fmt, const float *x, int64_t M, int64_t N, int64_
  * On AMD Zen 5 a 4-row block prefetching into L1 had been up to 1.4x slower: AMD keeps 0. */
 int fleet_prefetch_far(void);
 #define PF_FAR 32768
-/* One row with that tuning on: a bf16 or int8 stream (32 or 64 bytes a k) prefetches PF_ONE_K
- * k ahead of itself into L1 (8 and 4 KiB). So few instructions a byte leave those streams
- * waiting on the hardware prefetchers, which keep up with f32's two lines a k. Measured on a
+/* One row, with the one_row_prefetch tuning on (linear.c): a bf16 or int8 stream (32 or 64
+ * bytes a k) prefetches PF_ONE_K k ahead of itself into L1 (8 and 4 KiB). So few instructions
+ * a byte leave those streams waiting on the hardware prefetchers, which keep up with f32's two
+ * lines a k. Measured on a
  * 2-core Intel Xeon (family 6 model 207, AMX exposed), SmolLM2's 120 projections at one row,
  * alternating, medians of 15-21, weights swept out of the caches before each pass: int8 per
  * channel 0.65-0.80x the time, bf16 0.73-0.78x, int4-g64 0.75-0.85x, f32 1.09x; with the
  * weights left in this VM's large L3 between passes: int8 0.92-1.25x, bf16 0.66-0.76x, int4
  * 1.10-1.43x (and in the engine, whose 53 MB of int4 layers stay there between steps, batch-1
- * int4 steps 1.2x the time). So f32 and int4 keep none. */
+ * int4 steps 1.2x the time). So f32 and int4 keep none there. AVX2 builds (measured on AMD
+ * Zen 3: kernels/README.md) take it too, int4 included, in linear.c's one-row routines
+ * (int8 per channel 0.83x the time, int4 0.76x, W8A8 0.92x). */
 #define PF_ONE_K 128
+#if defined(FLEET_AVX2)
+#define PF_ONE_MIN (TILE / 2)   /* int4's 16 bytes a k too */
+#else
+#define PF_ONE_MIN TILE
+#endif
+int fleet_prefetch_one_row(void);
 typedef struct {
     const char *p;   /* what goes with k = 0, or NULL */
     int64_t step;    /* bytes a k */
@@ -116,7 +125,8 @@ AI pf_t pf_plan(const char *own, int64_t bytes, int64_t K, int64_t M, int64_t b)
     const int64_t step = bytes / K;
     const int far = PF_ON ? fleet_prefetch_far() : 0;
     if (far && M > 1 && M < RB) return (pf_t){own + PF_FAR, step, 1};
-    if (far && M == 1 && step >= TILE && step < 4 * TILE) return (pf_t){own + PF_ONE_K * step, step, 0};   /* bf16, int8 */
+    if (M == 1 && step >= PF_ONE_MIN && step < 4 * TILE && fleet_prefetch_one_row())   /* bf16, int8 (int4) */
+        return (pf_t){own + PF_ONE_K * step, step, 0};
     if (!PF_ON || b >= full || M > CONTIGUOUS_ROWS) return (pf_t){NULL, 0, 0};
     if (M == RB) return (pf_t){own + PF_AHEAD, step, far};
     const int64_t chunk = (bytes + full - 1) / full;
