@@ -98,15 +98,15 @@ int fleet_prefetch_far(void);
 /* One row, with the one_row_prefetch tuning on (linear.c): a bf16 or int8 stream (32 or 64
  * bytes a k) prefetches PF_ONE_K k ahead of itself into L1 (8 and 4 KiB). So few instructions
  * a byte leave those streams waiting on the hardware prefetchers, which keep up with f32's two
- * lines a k. Measured on a
- * 2-core Intel Xeon (family 6 model 207, AMX exposed), SmolLM2's 120 projections at one row,
- * alternating, medians of 15-21, weights swept out of the caches before each pass: int8 per
- * channel 0.65-0.80x the time, bf16 0.73-0.78x, int4-g64 0.75-0.85x, f32 1.09x; with the
- * weights left in this VM's large L3 between passes: int8 0.92-1.25x, bf16 0.66-0.76x, int4
- * 1.10-1.43x (and in the engine, whose 53 MB of int4 layers stay there between steps, batch-1
- * int4 steps 1.2x the time). So f32 and int4 keep none there. AVX2 builds (measured on AMD
- * Zen 3: kernels/README.md) take it too, int4 included, in linear.c's one-row routines
- * (int8 per channel 0.83x the time, int4 0.76x, W8A8 0.92x). */
+ * lines a k. Measured on a 2-core Intel Xeon (family 6 model 207, AMX exposed), SmolLM2's
+ * 120 projections at one row, alternating, medians of 15-21, weights swept out of the caches
+ * before each pass: int8 per channel 0.65-0.80x the time, bf16 0.73-0.78x, int4-g64
+ * 0.75-0.85x, f32 1.09x; with the weights left in this VM's large L3 between passes: int8
+ * 0.92-1.25x, bf16 0.66-0.76x, int4 1.10-1.43x (and in the engine, whose 53 MB of int4 layers
+ * stay there between steps, batch-1 int4 steps 1.2x the time). So f32 and int4 keep none there. AVX2 builds (measured on AMD
+ * Zen 3: kernels/README.md) take it in linear.c's one-row int8 and int4 routines and W8A8's
+ * blocks (int8 per channel 0.83x the time, int4 0.76x, W8A8 0.92x), not in span (bf16 and
+ * grouped int8 at one row: level or slower with it). */
 #define PF_ONE_K 128
 #if defined(FLEET_AVX2)
 #define PF_ONE_MIN (TILE / 2)   /* int4's 16 bytes a k too */

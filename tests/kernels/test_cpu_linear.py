@@ -125,8 +125,8 @@ def test_avx2_decoded_tiles_of_a_few_rows_are_the_bits_of_a_prefill_call(fmt, gr
 @pytest.mark.parametrize("knob", ["prefetch_far", "f32_pairs", "wide_prefetch", "one_row_prefetch"])
 def test_the_cpu_tunings_change_speed_only(knob):
     """Where the matmuls prefetch (L2 and further ahead on Intel, L1 on AMD; one-row calls
-    over bf16, int8 and, in AVX2 builds, int4 codes ahead of their own stream; f32 calls of
-    25-48 rows the next tile) and whether f32 past 48 rows takes the 6 x 64 blocks (Intel) or
+    ahead of their own stream, over bf16 and int8 codes or, in AVX2 builds, int8, int4 and
+    W8A8; f32 calls of 25-48 rows the next tile) and whether f32 past 48 rows takes the 6 x 64 blocks (Intel) or
     the 8 x 32 ones: every result is the same bits either way, and the setting reads back."""
     gen = torch.Generator().manual_seed(7)
     small = torch.randn(96, 576, generator=gen) * 0.05
