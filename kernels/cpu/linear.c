@@ -186,11 +186,10 @@ AI void nibbles_row(const int pf, vf acc[RB][2], const float *x, const tile_t *t
         acc[0][1] = vf_fmadd(xs, m[1], vf_fmadd(vf_add(e1, o1), s[1], acc[0][1]));
     }
 }
-#endif
-
-/* int4 for a block of at most RB / 2 rows: per group, p = sum of x * q (the bare codes, in
- * sets as in span), then acc += scale * p + min * sum of x; fewer operations per byte than
- * dequantizing each weight. */
+#else
+/* int4 for a block of at most RB / 2 rows (AVX-512; on AVX2 that is the one row nibbles_row
+ * takes): per group, p = sum of x * q (the bare codes, in sets as in span), then
+ * acc += scale * p + min * sum of x; fewer operations per byte than dequantizing each weight. */
 AI void accumulate_int4_folded(const int pf, const int R, vf acc[RB][2], const float *x, int64_t ldx,
                                 const tile_t *t) {
     const int S = SETS_INT4(R);
@@ -218,6 +217,7 @@ AI void accumulate_int4_folded(const int pf, const int R, vf acc[RB][2], const f
         }
     }
 }
+#endif
 
 /* The accumulators of R rows over one tile, every k, weights decoded from fmt; acc holds
  * RB rows, of which S x R <= RB serve as S sets, summed into the first R at the end. */
@@ -235,11 +235,11 @@ AI void accumulate(const int fmt, const int pf, const int R, vf acc[RB][2], cons
     }
 #else
     const int span_pf = pf;
-#endif
     if (fmt == FMT_INT4 && R <= RB / 2) {
         accumulate_int4_folded(pf, R, acc, x, ldx, t);
         return;
     }
+#endif
     const int64_t K = t->k, G = fmt >= FMT_INT8 ? t->group : t->k;
     const int channel = fmt == FMT_INT8 && G == K;   /* per-channel int8: the scale factors out of the sum */
     for (int64_t g = 0, k0 = 0; k0 < K; g++, k0 += G) {

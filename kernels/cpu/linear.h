@@ -57,7 +57,6 @@ int fleet_linear_amx_split(int fmt, const float *x, int64_t M, int64_t N, int64_
 #elif defined(FLEET_AVX2)
 #define RB 3           /* 16 ymm registers: a vf of 16 floats takes two */
 #define SETS(R) ((R) == 1 ? 2 : 1)
-#define SETS_INT4(R) SETS(R)
 #endif
 
 #if defined(FLEET_SIMD)
