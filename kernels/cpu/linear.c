@@ -11,10 +11,10 @@
  * tile is first decoded into a per-thread float32 buffer of the fp32 layout ([K][32], in
  * L2), which the passes of up to WB rows then read as they read an f32 tile, each a share of
  * the thread's next packed tile prefetched (tile_wide; AVX2: half a tile at a time,
- * f32_tile_rows, from DECODED_HALF_ROWS rows; f32 tiles are copied there too past HALF_ROWS
- * rows). The decoded tiles had gone in blocks of RB rows with nothing prefetched, the decode
- * waiting on memory and the blocks on the FMA units in turn: 2-core AMD EPYC Zen 4, the 120
- * projections of a decode step (weights cold), two processes old/new/new/old, medians of 9:
+ * f32_tile_rows, which f32 tiles take too past HALF_ROWS rows, copied into the buffer). The
+ * decoded tiles had gone in blocks of RB rows with nothing prefetched, the decode waiting on
+ * memory and the blocks on the FMA units in turn: 2-core AMD EPYC Zen 4, the 120 projections
+ * of a decode step (weights cold), two processes old/new/new/old, medians of 9:
  * int8 per channel at 9 / 32 / 64 rows 15.9-16.1 / 39.8-44.6 / 70.8-75.5 -> 14.8-15.5 /
  * 38.9-39.9 / 70.2-72.7 ms, int4-g64 16.0-16.2 / 39.8-43.6 / 69.2-72.2 -> 14.9-15.0 / 38.7-38.8
  * / 68.1-68.2 ms (paired: 0.92-0.96x at 9 rows, 0.89-0.98x at 32, 0.93-1.03x at 64). A call
@@ -299,29 +299,41 @@ static const block_fn blocks[FMT_COUNT][RB + 1] = {TABLE(FMT_F32), TABLE(FMT_BF1
 /* More rows than RB over an f32 tile (AVX2): half a tile (16 channels, one vf) at a time, in
  * blocks of up to HB rows. A 3-row block of the whole tile takes every weight vector as a
  * memory operand of each row's FMAs, 15 loads per 12 FMAs, which bounds it below the FMA
- * rate; here each k loads the half's weights once for 6 rows (8 loads per 12 FMAs). Each
- * output is still one chain of fused multiply-adds in k order, as in a block of RB rows. */
+ * rate; here each k loads the half's weights once for all the block's rows (8 loads per 12
+ * FMAs at 6 rows). Each output is still one chain of fused multiply-adds in k order, as in a
+ * block of RB rows. */
 #define HB 6
-/* Up to HALF_ROWS rows the 3-row blocks read an f32 tile in place (memory-bound: one
- * contiguous pass); past it the tile is first copied into the L2 buffer, because read by
- * halves straight from memory it streamed at a third of the rate. Measured crossover on a
- * 2-core AMD EPYC Zen 3 (3 variants, 3-256 rows): 16. */
-#define HALF_ROWS 16
-/* A decoded tile (bf16, int8, int4) is in the buffer from RB + 1 rows on, and from 5 rows the
- * halves read it faster than the 3-row blocks do. In-process A/B on a 2-core AMD EPYC Zen 3,
- * cold weights, SmolLM2's five projection shapes summed (alternating, medians of 7): int8 at
- * 5 / 6 / 8 / 12 / 16 rows 0.78x / 0.77x / 0.86x / 0.79x / 0.87x the time, int4-g32 0.75x /
- * 0.71x / 0.92x / 0.79x / 0.87x, bf16 0.80x / 0.71x / 0.92x / 0.80x / 0.92x; at 4 rows int8
- * 1.12x, int4-g32 1.04x, bf16 level, so 4 rows keep the blocks. The results change only where
- * a call ends in a lone row (the 3-row path's single row sums in two chains, a half's in one). */
-#define DECODED_HALF_ROWS 5
+/* Up to HALF_ROWS rows the 3-row blocks read an f32 tile in place (one contiguous pass);
+ * past it the tile is first copied into the L2 buffer (read by halves straight from memory it
+ * streamed at a third of the rate), and the halves prefetch the next tile while they compute.
+ * A decoded tile (bf16, int8, int4) is in the buffer from RB + 1 rows on and always read by
+ * the halves. The results change only where a call ends in a lone row (the 3-row path's
+ * single row sums in two chains, a half's in one).
+ *
+ * Measured on a 2-core AMD EPYC Zen 3 (family 25 model 1), in-process A/B of two builds,
+ * SmolLM2's 120 projections (30 random layers, cold), alternating, medians of 7-11
+ * (2026-12-07). Each k's weights had been a memory operand of every row's FMA in the blocks
+ * of 1-5 rows (GCC folded the load; 6 kept them in registers): now one load (VF_IN_REG), the
+ * blocks of near-equal size, and the next tile prefetched up to CONTIGUOUS_ROWS rows
+ * (prefetch alone: int8 at 5-48 rows 0.89-0.98x the time, 32 rows 1.02x). All three against
+ * the code before: int8 per channel at 5 / 8 / 12 / 16 / 24 / 32 / 48 / 64 rows 0.91x / 0.86x
+ * / 0.91x / 0.85x / 0.96x / 0.89x / 0.91x / 0.98x, int4-g64 0.89x / 0.89x / 0.97x / 0.88x /
+ * 0.98x / 0.90x / 1.04x / 0.99x, bf16 0.82x / 0.68x / 0.89x / 0.92x / 0.90x / 0.93x / 0.88x /
+ * 0.89x, f32 at 24 / 32 / 48 / 64 rows 0.89x / 0.93x / 0.95x / 0.91x. With that, the halves
+ * took over more calls: decoded tiles at 4 rows (they had kept the 3-row blocks, 1.04-1.12x
+ * faster than the halves with the folded loads) 0.85x int8, 0.79x int4-g64, 0.84x bf16; f32
+ * past 4 rows rather than 16: 7 / 8 / 9 / 12 / 16 rows 0.87x / 0.85x / 0.85x / 0.79x / 0.75x,
+ * 5 and 6 rows level, 4 rows 1.13x (so 4 keep the blocks). */
+#define HALF_ROWS 4
 
 AI void half_rows(const int R, const float *x, int64_t ldx, const float *w, int64_t K, const float *bias,
-                  float *out, int64_t ldo, int cols) {
+                  float *out, int64_t ldo, int cols, const int pf, const char *pfa, int64_t pfstep) {
     vf acc[HB];
     for (int r = 0; r < R; r++) acc[r] = vf_zero();
     for (int64_t k = 0; k < K; k++) {
-        const vf wk = vf_load(w + k * TILE);
+        if (pf) _mm_prefetch(pfa + k * pfstep, _MM_HINT_T1);
+        vf wk = vf_load(w + k * TILE);
+        VF_IN_REG(wk);   /* one load a k, not one a row's FMA */
         for (int r = 0; r < R; r++) acc[r] = vf_fmadd(vf_set1(x[r * ldx + k]), wk, acc[r]);
     }
     const vm mask = vm_first(cols);
@@ -332,23 +344,32 @@ AI void half_rows(const int R, const float *x, int64_t ldx, const float *w, int6
     }
 }
 
-typedef void (*half_fn)(const float *, int64_t, const float *, int64_t, const float *, float *, int64_t, int);
+typedef void (*half_fn)(const float *, int64_t, const float *, int64_t, const float *, float *, int64_t, int,
+                        const char *, int64_t);
 #define HALF(R)                                                                                    \
     static void half_##R(const float *x, int64_t ldx, const float *w, int64_t K, const float *bias, \
-                         float *out, int64_t ldo, int cols) {                                     \
-        half_rows(R, x, ldx, w, K, bias, out, ldo, cols);                                         \
+                         float *out, int64_t ldo, int cols, const char *pfa, int64_t pfstep) {    \
+        if (pfa) half_rows(R, x, ldx, w, K, bias, out, ldo, cols, 1, pfa, pfstep);                \
+        else half_rows(R, x, ldx, w, K, bias, out, ldo, cols, 0, NULL, 0);                        \
     }
 HALF(1) HALF(2) HALF(3) HALF(4) HALF(5) HALF(6)
 static const half_fn halves[HB + 1] = {NULL, half_1, half_2, half_3, half_4, half_5, half_6};
 
-/* All M rows of x against one f32 tile w [K][TILE], its first `cols` channels. */
+/* All M rows of x against one f32 tile w [K][TILE], its first `cols` channels, in blocks of
+ * near-equal size (8 rows as 4 + 4, not 6 + 2: a block of fewer than 4 rows has fewer
+ * independent chains than the two FMA units' latency needs). `next`: the next_bytes that the
+ * passes prefetch into L2, a share each spread over its k (the thread's next packed tile,
+ * decoded or copied into the buffer after this one), else NULL. */
 static void f32_tile_rows(const float *x, int64_t M, int64_t K, const float *w, const float *bias, float *out,
-                          int64_t ldo, int cols) {
-    for (int h = 0; h < 2 && 16 * h < cols; h++)
-        for (int64_t r0 = 0; r0 < M; r0 += HB) {
-            const int R = M - r0 < HB ? (int)(M - r0) : HB;
+                          int64_t ldo, int cols, const char *next, int64_t next_bytes) {
+    const int64_t blocks = (M + HB - 1) / HB, passes = (cols > 16 ? 2 : 1) * blocks;
+    const int64_t share = (next_bytes + passes - 1) / passes, pfstep = (share + K - 1) / K;
+    for (int h = 0, p = 0; h < 2 && 16 * h < cols; h++)
+        for (int64_t b = 0, r0 = 0; b < blocks; b++, p++) {
+            const int R = (int)((M - r0 + blocks - b - 1) / (blocks - b));
             halves[R](x + r0 * K, K, w + 16 * h, K, bias ? bias + 16 * h : NULL, out + r0 * ldo + 16 * h, ldo,
-                      cols - 16 * h);
+                      cols - 16 * h, next ? next + p * share : NULL, pfstep);
+            r0 += R;
         }
 }
 #endif
@@ -648,8 +669,9 @@ int fleet_linear(int fmt, const float *x, int64_t M, int64_t N, int64_t K, int64
             }
 #endif
 #if defined(FLEET_AVX2)
-            if (!direct && (fmt == FMT_F32 || M >= DECODED_HALF_ROWS)) {   /* the tile is in the buffer */
-                f32_tile_rows(x, M, K, t.data, bias ? bias + i * TILE : NULL, out + i * TILE, N, cols);
+            if (!direct) {   /* the tile is in the buffer */
+                f32_tile_rows(x, M, K, t.data, bias ? bias + i * TILE : NULL, out + i * TILE, N, cols,
+                              M <= CONTIGUOUS_ROWS ? own + bytes : NULL, bytes);
                 continue;
             }
 #endif

@@ -80,18 +80,15 @@ def test_f32_rows_are_the_same_bits_in_every_call_of_two_rows_or_more(n, m):
     two chunks of rows, so 960 and 100 channels at 300 and 1,021 rows, the latter with a bias,
     take those). So a row gets the same bits in a prefill call as in calls of 2, 3, 4, 5, 8,
     9 or 12 rows. Channel counts with an odd tile (96) and a partial one (100) take the
-    single-tile passes in the pairs' calls. AVX2 keeps its blocks of 3 (two chains for a lone
-    row): there, calls of 8 rows give the bits of a big call's rows in full blocks of 8."""
+    single-tile passes in the pairs' calls. AVX2 keeps its blocks of 3 up to 4 rows (two chains
+    for a lone row): there calls of 2, 3 and from 5 rows give a big call's bits."""
     gen = torch.Generator().manual_seed(n + m)
     w = L.pack_f32(torch.randn(n, 576, generator=gen))
     x, bias = torch.randn(m, 576, generator=gen), (torch.randn(n, generator=gen) if m % 2 else None)
     many = L.linear(x, w, bias)
-    if not {"avx512f", "avx512bw"} <= cpu_flags():
-        rows = m - m % 8
-        blocks = torch.cat([L.linear(x[r:r + 8], w, bias) for r in range(0, rows, 8)])
-        assert torch.equal(many[:rows], blocks)
-        return
-    _assert_calls_give_the_same_bits(x, w, bias, many, [s for s in (2, 3, 4, 5, 8, 9, 12) if s <= m])
+    avx2 = not {"avx512f", "avx512bw"} <= cpu_flags()
+    sizes = (2, 3, 5, 8, 9, 12) if avx2 else (2, 3, 4, 5, 8, 9, 12)
+    _assert_calls_give_the_same_bits(x, w, bias, many, [s for s in sizes if s <= m])
 
 
 @pytest.mark.skipif(L._library() is None or L._library().simd != "avx512" or L._library().amx_rows,
@@ -110,12 +107,15 @@ def test_avx512_decoded_rows_are_the_same_bits_in_every_call_past_eight_rows(fmt
 
 
 @pytest.mark.skipif(L._library() is None or L._library().simd != "avx2", reason="the AVX2 build's decoded-tile halves")
-@pytest.mark.parametrize("fmt,group", [("bf16", None), ("int8", None), ("int8", 64), ("int4", 32)])
-@pytest.mark.parametrize("m", [5, 7, 8, 16])
-def test_avx2_decoded_tiles_of_a_few_rows_are_the_bits_of_a_prefill_call(fmt, group, m):
-    """AVX2: from 5 rows a bf16, int8 or int4 tile is decoded once and read by halves of 16
-    channels in blocks of up to 6 rows (linear.c, DECODED_HALF_ROWS), as in a call of
-    hundreds of rows: every row is one chain of multiply-adds in k order, so the same bits."""
+@pytest.mark.parametrize("fmt,group,m", [(f, g, m) for f, g in (("bf16", None), ("int8", None), ("int8", 64),
+                                                                  ("int4", 32), ("f32", None))
+                                          for m in (4, 5, 7, 8, 16, 49) if (f, m) != ("f32", 4)])
+def test_avx2_tiles_of_a_few_rows_are_the_bits_of_a_prefill_call(fmt, group, m):
+    """AVX2: from 4 rows a bf16, int8 or int4 tile is decoded once into the buffer, and from 5
+    rows an f32 tile is copied there (linear.c, HALF_ROWS); halves of 16 channels read it in
+    blocks of up to 6 rows of near-equal size, prefetching the next tile up to 48 rows, as in
+    a call of hundreds of rows: every row is one chain of multiply-adds in k order, so the
+    same bits (f32 at 4 rows takes the 3-row blocks, whose lone last row sums in two chains)."""
     gen = torch.Generator().manual_seed(m * 10 + len(fmt))
     w = _pack(fmt, torch.randn(100, 576, generator=gen) * 0.05, group)
     x, bias = torch.randn(300, 576, generator=gen), torch.randn(100, generator=gen)
