@@ -356,10 +356,11 @@ HALF(1) HALF(2) HALF(3) HALF(4) HALF(5) HALF(6)
 static const half_fn halves[HB + 1] = {NULL, half_1, half_2, half_3, half_4, half_5, half_6};
 
 /* All M rows of x against one f32 tile w [K][TILE], its first `cols` channels, in blocks of
- * near-equal size (8 rows as 4 + 4, not 6 + 2: a block of fewer than 4 rows has fewer
- * independent chains than the two FMA units' latency needs). `next`: the next_bytes that the
- * passes prefetch into L2, a share each spread over its k (the thread's next packed tile,
- * decoded or copied into the buffer after this one), else NULL. */
+ * near-equal size (8 rows as 4 + 4 rather than 6 + 2: a short block runs few independent
+ * chains of multiply-adds; not measured apart from the loads and the prefetch, above, with
+ * which it came). `next`: the next_bytes that the passes prefetch into L2, a share each
+ * spread over its k (the thread's next packed tile, decoded or copied into the buffer after
+ * this one), else NULL. */
 static void f32_tile_rows(const float *x, int64_t M, int64_t K, const float *w, const float *bias, float *out,
                           int64_t ldo, int cols, const char *next, int64_t next_bytes) {
     const int64_t blocks = (M + HB - 1) / HB, passes = (cols > 16 ? 2 : 1) * blocks;
