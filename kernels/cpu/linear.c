@@ -331,7 +331,8 @@ AI void half_rows(const int R, const float *x, int64_t ldx, const float *w, int6
     vf acc[HB];
     for (int r = 0; r < R; r++) acc[r] = vf_zero();
     for (int64_t k = 0; k < K; k++) {
-        if (pf) _mm_prefetch(pfa + k * pfstep, _MM_HINT_T1);
+        if (pf)
+            for (int64_t o = 0; o < pfstep; o += 64) _mm_prefetch(pfa + k * pfstep + o, _MM_HINT_T1);
         vf wk = vf_load(w + k * TILE);
         VF_IN_REG(wk);   /* one load a k, not one a row's FMA */
         for (int r = 0; r < R; r++) acc[r] = vf_fmadd(vf_set1(x[r * ldx + k]), wk, acc[r]);
@@ -356,18 +357,17 @@ HALF(1) HALF(2) HALF(3) HALF(4) HALF(5) HALF(6)
 static const half_fn halves[HB + 1] = {NULL, half_1, half_2, half_3, half_4, half_5, half_6};
 
 /* All M rows of x against one f32 tile w [K][TILE], its first `cols` channels, in blocks of
- * near-equal size (8 rows as 4 + 4 rather than 6 + 2: a short block runs few independent
- * chains of multiply-adds; not measured apart from the loads and the prefetch, above, with
- * which it came). `next`: the next_bytes that the passes prefetch into L2, a share each
+ * near-equal size (linear.h's pass_rows; not measured apart from the loads and the prefetch,
+ * above, with which it came). `next`: the next_bytes that the passes prefetch into L2, a share each
  * spread over its k (the thread's next packed tile, decoded or copied into the buffer after
  * this one), else NULL. */
 static void f32_tile_rows(const float *x, int64_t M, int64_t K, const float *w, const float *bias, float *out,
                           int64_t ldo, int cols, const char *next, int64_t next_bytes) {
     const int64_t blocks = (M + HB - 1) / HB, passes = (cols > 16 ? 2 : 1) * blocks;
-    const int64_t share = (next_bytes + passes - 1) / passes, pfstep = (share + K - 1) / K;
+    const int64_t share = pass_share(next_bytes, passes), pfstep = pf_step(share, K);
     for (int h = 0, p = 0; h < 2 && 16 * h < cols; h++)
         for (int64_t b = 0, r0 = 0; b < blocks; b++, p++) {
-            const int R = (int)((M - r0 + blocks - b - 1) / (blocks - b));
+            const int R = pass_rows(M, r0, blocks, b);
             halves[R](x + r0 * K, K, w + 16 * h, K, bias ? bias + 16 * h : NULL, out + r0 * ldo + 16 * h, ldo,
                       cols - 16 * h, next ? next + p * share : NULL, pfstep);
             r0 += R;
@@ -456,13 +456,13 @@ static const wide_fn wides[WB + 1] = {NULL, NULL, NULL, NULL, NULL, wide_5, wide
 static void tile_wide(const float *x, int64_t M, int64_t K, const float *w, int cols, const float *bias,
                       float *out, int64_t ldo, const char *ahead, const char *next, int64_t next_bytes) {
     const int64_t passes = (M + WB - 1) / WB;
-    const int64_t share = (next_bytes + passes - 1) / passes;   /* of the next tile, each pass */
+    const int64_t share = pass_share(next_bytes, passes);   /* of the next tile, each pass */
     for (int64_t p = 0, r0 = 0; p < passes; p++) {
-        const int R = (int)((M - r0 + passes - p - 1) / (passes - p));
+        const int R = pass_rows(M, r0, passes, p);
         const char *pfa = NULL;
         int64_t pfstep = 0;   /* bytes a k */
         if (ahead && passes == 1) pfa = ahead, pfstep = 2 * 64;
-        else if (next) pfa = next + p * share, pfstep = (share + K - 1) / K;
+        else if (next) pfa = next + p * share, pfstep = pf_step(share, K);
         wides[R](x + r0 * K, K, w, K, bias, out + r0 * ldo, ldo, cols, pfa, pfstep);
         r0 += R;
     }

@@ -60,6 +60,17 @@ int fleet_linear_amx_split(int fmt, const float *x, int64_t M, int64_t N, int64_
 #endif
 
 #if defined(FLEET_SIMD)
+/* Passes of near-equal size over a tile's M rows (8 rows as 4 + 4, not 6 + 2: a short pass
+ * runs few independent chains): the rows of pass p, r0 rows of M already taken. */
+AI int pass_rows(int64_t M, int64_t r0, int64_t passes, int64_t p) {
+    return (int)((M - r0 + passes - p - 1) / (passes - p));
+}
+
+/* Each of `passes` passes prefetches its share of the next `bytes` (the thread's next tile),
+ * spread over its K steps: the share's start is next + p * share, pf_step(share, K) bytes a k. */
+AI int64_t pass_share(int64_t bytes, int64_t passes) { return (bytes + passes - 1) / passes; }
+AI int64_t pf_step(int64_t share, int64_t K) { return (share + K - 1) / K; }
+
 /* Software prefetch beside a tile's k loop. A block of RB rows waits on the tile's stream,
  * and the row blocks after the first read the tile from L2 (or the decoded buffer) while
  * memory idles; so each full block b fetches its share of the thread's next tile (which
@@ -128,8 +139,8 @@ AI pf_t pf_plan(const char *own, int64_t bytes, int64_t K, int64_t M, int64_t b)
         return (pf_t){own + PF_ONE_K * step, step, 0};
     if (!PF_ON || b >= full || M > CONTIGUOUS_ROWS) return (pf_t){NULL, 0, 0};
     if (M == RB) return (pf_t){own + PF_AHEAD, step, far};
-    const int64_t chunk = (bytes + full - 1) / full;
-    return (pf_t){own + bytes + b * chunk, (chunk + K - 1) / K, far};
+    const int64_t chunk = pass_share(bytes, full);
+    return (pf_t){own + bytes + b * chunk, pf_step(chunk, K), far};
 }
 
 /* The lines that go with k .. k + n - 1 (at least one); pf.p is not NULL. */
