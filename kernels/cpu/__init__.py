@@ -31,7 +31,7 @@ from kernels import cpuinfo
 logger = logging.getLogger(__name__)
 
 SOURCES = ("paged_decode.c", "paged_prefill.c", "glue.c", "linear.c", "linear_amx.c", "linear_w8a8.c",
-           "decode_layers.c", "greedy_head.c")
+           "linear_digits.c", "decode_layers.c", "greedy_head.c")
 HEADERS = ("simd.h", "paged.h", "linear.h", "tile_decode.h")
 # -ffp-contract=off: no fused multiply-adds beyond the ones the kernels ask for, so the glue
 # rounds as torch does (glue.c).
@@ -71,6 +71,7 @@ class CpuKernels:
         self._linear_supported = _fn(lib.fleet_linear_supported, ctypes.c_int)
         self._linear_tuning = _fn(lib.fleet_linear_tuning, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int)
         self._decode_tuning = _fn(lib.fleet_paged_decode_tuning, ctypes.c_int, ctypes.c_int)
+        self._digit_tuning = _fn(lib.fleet_digit_tuning, ctypes.c_int)
         self._w8a8 = _fn(lib.fleet_linear_w8a8, _P, _I64, _I64, _I64, _I64, _P, _P, _P, _P, _P, ctypes.c_int)
         self._w8a8_supported = _fn(lib.fleet_linear_w8a8_supported)
         # The LM head's bf16 screen (greedy_head.c; kernels.cpu.greedy_head): "native" on
@@ -197,6 +198,15 @@ class CpuKernels:
         code = self._linear_tuning(*(-2 if v is None else int(v) for v in knobs))
         return {"prefetch_far": bool(code & 1), "f32_pairs": bool(code & 2), "wide_prefetch": bool(code & 4),
                 "one_row_prefetch": bool(code & 8)}
+
+    def digit_rows(self, rows: int | None = None) -> int:
+        """Sets from how many rows per-channel int8 calls take the two-byte integer path
+        (linear_digits.c: AVX512_VNNI, no AMX; 0: never), where not None; returns it as it is
+        then (0 where that path does not run here). Results change with it: x is rounded to 16
+        bits a group of 64 there."""
+        if rows is not None and rows < 0:
+            raise ValueError("rows must be >= 0")
+        return int(self._digit_tuning(-1 if rows is None else rows))
 
     def decode_tuning(self, prefetch_tiles: int | None = None, prefetch_l2: bool | None = None) -> dict:
         """Sets decode attention's prefetch where not None (paged_decode.c: how many tiles of 16

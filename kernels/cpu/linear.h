@@ -41,6 +41,13 @@ int fleet_amx_w8a8_rows(void);       /* the rows from which W8A8 calls (one x sc
 int fleet_linear_amx_split(int fmt, const float *x, int64_t M, int64_t N, int64_t K, int64_t G, const void *data,
                            const float *scales, const float *mins, const float *bias, float *out, int num_threads);
 
+/* Per-channel int8 calls of at least fleet_digit_tuning(-1) rows (0: none) on CPUs with
+ * AVX512_VNNI and no AMX: x as two bytes a value, integer dot products (linear_digits.c);
+ * nonzero when it did not run. */
+int fleet_linear_digits(const float *x, int64_t M, int64_t N, int64_t K, const int8_t *codes, const float *scales,
+                        const float *bias, float *out, int num_threads);
+int fleet_digit_tuning(int rows);
+
 #if defined(FLEET_AVX512)
 #define RB 8           /* rows per register block (32 zmm registers) */
 /* Accumulator sets for a block of R rows (independent chains of fused multiply-adds; S x R <= RB).
@@ -165,6 +172,28 @@ AI void store_rows(const int R, vf acc[RB][2], const float *bias, float *out, in
     for (int h = 0; h < 2; h++) {
         const vf b = bias ? vf_load_mask(bias + 16 * h, mask[h]) : vf_zero();
         for (int r = 0; r < R; r++) vf_store_mask(out + r * ldo + 16 * h, mask[h], vf_add(acc[r][h], b));
+    }
+}
+#endif
+
+#if defined(FLEET_AVX512)
+/* The integer dot-product kernels (linear_w8a8.c, linear_digits.c): y[r] += (acc[r] - comp) *
+ * xs[r * stride] for R rows of one group's int32 sums over a tile (comp: the group's 32
+ * offsets), then y[r] *= the tile's 32 channel scales. */
+AI void fold_group(const int R, __m512i (*acc)[2], const int32_t *comp, const float *xs, int64_t stride,
+                   vf y[RB][2]) {
+    for (int h = 0; h < 2; h++) {
+        const __m512i c = _mm512_loadu_si512(comp + 16 * h);
+        for (int r = 0; r < R; r++)
+            y[r][h] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r][h], c)), _mm512_set1_ps(xs[r * stride]),
+                                      y[r][h]);
+    }
+}
+
+AI void scale_rows(const int R, vf y[RB][2], const float *scale) {
+    for (int h = 0; h < 2; h++) {
+        const vf s = vf_load(scale + 16 * h);
+        for (int r = 0; r < R; r++) y[r][h] = vf_mul(y[r][h], s);
     }
 }
 #endif

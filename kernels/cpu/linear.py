@@ -164,8 +164,13 @@ def operands(x: torch.Tensor, w: PackedWeight) -> list[tuple[torch.Tensor, torch
     over ``w`` (float32 tensors). Usually ``[(x, dequantize(w))]``; on a CPU with AMX, K a
     multiple of 32 (``linear_amx.c``): bf16 from ``amx_rows`` rows ``[(bf16(x), w)]``, and
     int8/int4 from ``amx_split_rows[fmt]`` rows x and w as bf16 hi + lo, the lo x lo product
-    dropped (per-channel int8 codes are exact in bf16, so there w has no lo part)."""
+    dropped (per-channel int8 codes are exact in bf16, so there w has no lo part); per-channel
+    int8 from ``digit_rows()`` rows on a CPU with AVX512_VNNI and no AMX, K a multiple of 64
+    (``linear_digits.c``): ``[(digits(x), w)]``."""
     wd, rows, lib = dequantize(w), x.shape[0], _library()
+    if lib is not None and w.fmt == "int8" and w.group == w.k and w.k % DIGIT_GROUP == 0 \
+            and 0 < lib.digit_rows() <= rows:
+        return [(digits(x), wd)]
     if lib is None or w.k % 32:
         return [(x, wd)]
     if w.fmt == "bf16" and 0 < lib.amx_rows <= rows:
@@ -176,6 +181,29 @@ def operands(x: torch.Tensor, w: PackedWeight) -> list[tuple[torch.Tensor, torch
             return [(xh + _bf16(x - xh), wd)]
         return [(xh, wh), (_bf16(x - xh), wh), (xh, _bf16(wd - wh))]
     return [(x, wd)]
+
+
+DIGIT_GROUP = 64   # linear_digits.c's XG
+
+
+def digits(x: torch.Tensor) -> torch.Tensor:
+    """x [M, K] as the int8 kernel's two-byte path carries it (``linear_digits.c``): over each
+    group of 64 input features of a row, s = max|x| / 32767 and round(x / s) * s, the integer
+    clamped to [-32767, 32767]; NaN over a group holding a value that is not finite."""
+    x = x.float()
+    m, k = x.shape
+    g = x.reshape(m, k // DIGIT_GROUP, DIGIT_GROUP)
+    amax = g.abs().amax(dim=2, keepdim=True)
+    s = torch.where(amax > 0, amax / 32767.0, torch.ones_like(amax))
+    s = torch.where(g.isfinite().all(dim=2, keepdim=True), s, torch.full_like(s, float("nan")))
+    return (torch.round(g / s).clamp_(-32767, 32767) * s).reshape(m, k)
+
+
+def digit_rows() -> int:
+    """From how many rows per-channel int8 calls carry x as two bytes a value (integer dot
+    products, ``linear_digits.c``): AVX512_VNNI without AMX; 0 where no call does."""
+    lib = _library()
+    return 0 if lib is None else lib.digit_rows()
 
 
 def _bf16(t: torch.Tensor) -> torch.Tensor:
@@ -230,6 +258,9 @@ def instructions(fmt: str) -> str:
         amx = (f", AMX-INT8 tiles for calls of {lib.amx_w8a8_rows} rows or more with one x scale a row"
                if lib.amx_w8a8_rows else "")
         return f"AVX512_VNNI integer dot products (vpdpbusd){amx}"
+    if fmt == "int8" and lib.digit_rows():
+        return (f"{_READ[fmt]}{simd} float32 FMAs; per channel from {lib.digit_rows()} rows AVX512_VNNI integer "
+                f"dot products (vpdpbusd) over x as two bytes a value (16 bits a group of 64)")
     rows = lib.amx_rows if fmt == "bf16" else lib.amx_split_rows.get(fmt, 0)
     amx = (f"; AMX bf16 tiles from {rows} rows" + (" (x rounded to bf16 there)" if fmt == "bf16"
                                                    else " (x and w as two bf16 each)")) if rows else ""

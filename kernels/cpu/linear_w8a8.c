@@ -95,17 +95,9 @@ AI void w8a8_group_block(const int R, const xcode_t *xu, int64_t K, int64_t G, c
         __m512i acc[RB][2];
         for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm512_setzero_si512();
         dot_span(R, xu, K, w, g * G, g * G + G, acc, pf, use_pf);
-        for (int h = 0; h < 2; h++) {
-            const __m512i c = _mm512_loadu_si512(comp + g * TILE + 16 * h);
-            for (int r = 0; r < R; r++)
-                y[r][h] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r][h], c)),
-                                          _mm512_set1_ps(xs[r * groups + g]), y[r][h]);
-        }
+        fold_group(R, acc, comp + g * TILE, xs + g, groups, y);
     }
-    for (int h = 0; h < 2; h++) {
-        const __m512 s = _mm512_loadu_ps(scale + 16 * h);
-        for (int r = 0; r < R; r++) y[r][h] = _mm512_mul_ps(y[r][h], s);
-    }
+    scale_rows(R, y, scale);
     store_rows(R, y, bias, out, ldo, cols);
 }
 

@@ -1,0 +1,110 @@
+"""Per-channel int8 calls past eight rows on CPUs with AVX512_VNNI and no AMX
+(kernels/cpu/linear_digits.c): x carried as two bytes a value over groups of 64 input features,
+the products as exact integer dot products. The tests set the row count from which the path
+runs (``digit_rows``) and put it back."""
+import pytest
+import torch
+
+from kernels.cpu import linear as L
+from kernels.quantize import quantize_int8
+
+LIB = L._library()
+pytestmark = pytest.mark.skipif(LIB is None or not LIB.digit_rows(),
+                                reason="the two-byte int8 path needs AVX512_VNNI without AMX")
+
+
+@pytest.fixture
+def every_call():
+    """The path for every call of one row or more; the default back afterwards."""
+    before = LIB.digit_rows()
+    LIB.digit_rows(1)
+    yield
+    LIB.digit_rows(before)
+
+
+def _int8(n: int, k: int, gen: torch.Generator) -> L.PackedWeight:
+    return L.pack_int8(*quantize_int8(torch.randn(n, k, generator=gen) * 0.05, None))
+
+
+def test_the_default_takes_calls_past_the_register_block():
+    """From 9 rows (past the 8-row register block, where the float path decodes a tile into
+    its buffer), and the engine's log says so."""
+    assert LIB.digit_rows() == 9 == L.digit_rows()
+    assert "from 9 rows AVX512_VNNI integer dot products" in L.instructions("int8")
+    with pytest.raises(ValueError):
+        LIB.digit_rows(-1)
+
+
+@pytest.mark.parametrize("n,k", [(100, 576), (33, 64), (70, 1536), (32, 128)])
+@pytest.mark.parametrize("m", [1, 5, 6, 7, 13, 64])
+def test_agrees_with_the_float64_product_of_its_operands(every_call, n, k, m):
+    """Within float32 rounding of the float64 product of digits(x) and the dequantized weight
+    (the oracle of every kernel test: linear.operands), partial tiles, bias and blocks of 1-6
+    rows included."""
+    gen = torch.Generator().manual_seed(n + k + m)
+    w = _int8(n, k, gen)
+    x = torch.randn(m, k, generator=gen)
+    x[0, k // 3] = 60.0   # a loud channel coarsens its own group only
+    bias = torch.randn(n, generator=gen) if m % 2 else None
+    y = L.linear(x, w, bias)
+    (xd, wd), = L.operands(x, w)
+    assert torch.equal(xd, L.digits(x))
+    exact = xd.double() @ wd.double().T + (0 if bias is None else bias.double())
+    scale = xd.double().abs() @ wd.double().abs().T + (0 if bias is None else bias.double().abs())
+    err = (y.double() - exact).abs()
+    assert bool((err <= 2e-6 * scale + 1e-30).all()), float(err.max())
+    # the two bytes keep x far finer than int8 keeps w: within 1e-3 of the plain float product
+    torch.testing.assert_close(y, x @ L.dequantize(w).T + (0 if bias is None else bias), rtol=0, atol=2e-3)
+
+
+def test_the_integer_sums_are_exact(every_call):
+    """x already on the grid (integers, each group's largest 32767, so the scale is 1) and a
+    scale of 1 a channel: every output is the exact integer sum (below 2^24, so float32 holds
+    it), which the high byte, the low byte and the offset's correction must give together."""
+    gen = torch.Generator().manual_seed(7)
+    m, n, k = 10, 40, 128
+    x = torch.randint(-32767, 32768, (m, k), generator=gen)
+    x[:, 0], x[:, 64] = 32767, -32767
+    codes = torch.randint(-1, 2, (n, k), generator=gen, dtype=torch.int8)
+    y = L.linear(x.float(), L.pack_int8(codes, torch.ones(n)))
+    assert torch.equal(y.double(), (x.double() @ codes.double().T))
+
+
+def test_a_bad_row_is_nan_and_leaves_the_others_alone(every_call):
+    gen = torch.Generator().manual_seed(3)
+    w = _int8(50, 192, gen)
+    x = torch.randn(12, 192, generator=gen)
+    clean = L.linear(x, w)
+    x[4, 100], x[7, 5] = float("nan"), float("inf")
+    y = L.linear(x, w)
+    assert bool(y[[4, 7]].isnan().all())
+    keep = [r for r in range(12) if r not in (4, 7)]
+    assert torch.equal(y[keep], clean[keep])
+
+
+@pytest.mark.parametrize("k", [96, 576])
+def test_a_row_gets_the_same_bits_in_every_call_it_takes(k):
+    """At the default threshold: calls of 9-64 rows give a row the bits of the whole call,
+    K = 96 (not a multiple of 64: the float path) and 576."""
+    gen = torch.Generator().manual_seed(k)
+    w = _int8(96, k, gen)
+    x = torch.randn(64, k, generator=gen)
+    many = L.linear(x, w)
+    for size in (9, 12, 13, 31):
+        for r in range(0, 64 - size + 1, size):
+            assert torch.equal(L.linear(x[r:r + size], w), many[r:r + size]), (size, r)
+    if k % 64:
+        LIB.digit_rows(0)
+        try:
+            assert torch.equal(L.linear(x, w), many)
+        finally:
+            LIB.digit_rows(9)
+
+
+def test_grouped_int8_keeps_the_float_path(every_call):
+    gen = torch.Generator().manual_seed(5)
+    w = L.pack_int8(*quantize_int8(torch.randn(64, 256, generator=gen) * 0.05, 64))
+    x = torch.randn(16, 256, generator=gen)
+    y = L.linear(x, w)
+    LIB.digit_rows(0)
+    assert torch.equal(y, L.linear(x, w))
