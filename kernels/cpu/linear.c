@@ -58,7 +58,9 @@ int fleet_prefetch_far(void) {
 
 /* One-row streams prefetch ahead of themselves (linear.h, PF_ONE_K: bf16 and int8; in AVX2
  * builds int8, int4 and W8A8): on Intel CPUs and in AVX2 builds, where it was measured
- * faster; AMD CPUs with AVX-512 were not measured. */
+ * faster. Off on AMD CPUs with AVX-512: on Zen 4 (family 25 model 17) it made one-row int8
+ * calls 1.30x the time, bf16 1.03x, int8-g64 1.15x, batch-1 int8 engine steps 1.18x
+ * (kernels/README.md, 2026-12-07). */
 static int one_row_default(void) {
 #if defined(FLEET_AVX2)
     return 1;
@@ -74,8 +76,8 @@ int fleet_prefetch_one_row(void) {
 
 #if defined(FLEET_AVX512)
 /* f32 calls past CONTIGUOUS_ROWS in the two-tile blocks (f32_pairs): on Intel CPUs, where they
- * were measured faster; AMD's 8 x 32 blocks ran at 95 % of the FMA rate on Zen 4 (README) and
- * the pairs were not measured there. */
+ * were measured faster; on AMD Zen 4 (family 25 model 17) level with the 8 x 32 blocks, 1.00-1.04x
+ * the time at 64-1,024 rows but 0.92x at 256 (kernels/README.md, 2026-12-07), so off there. */
 static int f32_pairs_on(void) {
     if (tune_pairs < 0) tune_pairs = cpu_is_intel();
     return tune_pairs;

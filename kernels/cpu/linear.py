@@ -224,7 +224,7 @@ def tuning(*, prefetch_far: bool | None = None, f32_pairs: bool | None = None,
     always do) and ``one_row_prefetch`` (one-row calls prefetch ahead of their own stream:
     bf16 and int8 codes; in AVX2 builds int8, int4 and W8A8). The first three are on by default
     on Intel CPUs and off on AMD, where they were not measured faster; the fourth on Intel and
-    in AVX2 builds (``linear.c``). None
+    in AVX2 builds (on AMD Zen 4 it was slower: ``linear.c``). None
     changes a result; ``tuning(**previous)`` puts them back. {} where the kernels did not build."""
     lib = _library()
     return {} if lib is None else lib.linear_tuning(prefetch_far, f32_pairs, wide_prefetch, one_row_prefetch)
