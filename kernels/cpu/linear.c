@@ -625,8 +625,8 @@ int fleet_linear(int fmt, const float *x, int64_t M, int64_t N, int64_t K, int64
     if (fmt == FMT_BF16 && M >= AMX_ROWS && !fleet_linear_amx(x, M, N, K, data, bias, out, num_threads)) return 0;
     if ((fmt == FMT_INT8 || fmt == FMT_INT4) && M >= (fmt == FMT_INT4 ? AMX_SPLIT_ROWS_INT4 : AMX_SPLIT_ROWS)
         && !fleet_linear_amx_split(fmt, x, M, N, K, G, data, scales, mins, bias, out, num_threads)) return 0;
-    if (fmt == FMT_INT8 && G == K && M >= 1 && fleet_digit_tuning(-1) && M >= fleet_digit_tuning(-1)
-        && !fleet_linear_digits(x, M, N, K, data, scales, bias, out, num_threads)) return 0;
+    if (fleet_digits_take(fmt, K, G) && fleet_digit_tuning(-1) && M >= fleet_digit_tuning(-1)
+        && !fleet_linear_digits(fmt, x, M, N, K, G, data, scales, mins, bias, out, num_threads)) return 0;
 #if defined(FLEET_AVX512)
     if (fmt == FMT_F32 && M > CONTIGUOUS_ROWS && N >= 2 * TILE && f32_pairs_on()) {
         f32_pairs(x, M, N, K, data, bias, out, num_threads);

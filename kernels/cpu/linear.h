@@ -41,11 +41,12 @@ int fleet_amx_w8a8_rows(void);       /* the rows from which W8A8 calls (one x sc
 int fleet_linear_amx_split(int fmt, const float *x, int64_t M, int64_t N, int64_t K, int64_t G, const void *data,
                            const float *scales, const float *mins, const float *bias, float *out, int num_threads);
 
-/* Per-channel int8 calls of at least fleet_digit_tuning(-1) rows (0: none) on CPUs with
- * AVX512_VNNI and no AMX: x as two bytes a value, integer dot products (linear_digits.c);
- * nonzero when it did not run. */
-int fleet_linear_digits(const float *x, int64_t M, int64_t N, int64_t K, const int8_t *codes, const float *scales,
-                        const float *bias, float *out, int num_threads);
+/* Per-channel int8 and int4 calls (fleet_digits_take) of at least fleet_digit_tuning(-1)
+ * rows (0: none) on CPUs with AVX512_VNNI and no AMX: x as two bytes a value, integer dot
+ * products (linear_digits.c); nonzero when it did not run. */
+int fleet_linear_digits(int fmt, const float *x, int64_t M, int64_t N, int64_t K, int64_t G, const void *data,
+                        const float *scales, const float *mins, const float *bias, float *out, int num_threads);
+int fleet_digits_take(int fmt, int64_t K, int64_t G);
 int fleet_digit_tuning(int rows);
 
 #if defined(FLEET_AVX512)

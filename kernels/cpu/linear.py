@@ -164,12 +164,11 @@ def operands(x: torch.Tensor, w: PackedWeight) -> list[tuple[torch.Tensor, torch
     over ``w`` (float32 tensors). Usually ``[(x, dequantize(w))]``; on a CPU with AMX, K a
     multiple of 32 (``linear_amx.c``): bf16 from ``amx_rows`` rows ``[(bf16(x), w)]``, and
     int8/int4 from ``amx_split_rows[fmt]`` rows x and w as bf16 hi + lo, the lo x lo product
-    dropped (per-channel int8 codes are exact in bf16, so there w has no lo part); per-channel
-    int8 from ``digit_rows()`` rows on a CPU with AVX512_VNNI and no AMX, K a multiple of 64
-    (``linear_digits.c``): ``[(digits(x), w)]``."""
+    dropped (per-channel int8 codes are exact in bf16, so there w has no lo part); from
+    ``digit_rows()`` rows on a CPU with AVX512_VNNI and no AMX, the weights that
+    :func:`takes_digits` (``linear_digits.c``): ``[(digits(x), w)]``."""
     wd, rows, lib = dequantize(w), x.shape[0], _library()
-    if lib is not None and w.fmt == "int8" and w.group == w.k and w.k % DIGIT_GROUP == 0 \
-            and 0 < lib.digit_rows() <= rows:
+    if lib is not None and takes_digits(w) and 0 < lib.digit_rows() <= rows:
         return [(digits(x), wd)]
     if lib is None or w.k % 32:
         return [(x, wd)]
@@ -199,9 +198,17 @@ def digits(x: torch.Tensor) -> torch.Tensor:
     return (torch.round(g / s).clamp_(-32767, 32767) * s).reshape(m, k)
 
 
+def takes_digits(w: PackedWeight) -> bool:
+    """Whether calls over ``w`` take the two-byte path from ``digit_rows()`` rows: per-channel
+    int8, or int4 in groups of a multiple of 64; K a multiple of 64 (``fleet_digits_take``)."""
+    return w.k % DIGIT_GROUP == 0 and ((w.fmt == "int8" and w.group == w.k)
+                                       or (w.fmt == "int4" and w.group % DIGIT_GROUP == 0))
+
+
 def digit_rows() -> int:
-    """From how many rows per-channel int8 calls carry x as two bytes a value (integer dot
-    products, ``linear_digits.c``): AVX512_VNNI without AMX; 0 where no call does."""
+    """From how many rows per-channel int8 and int4 calls (:func:`takes_digits`) carry x as two
+    bytes a value (integer dot products, ``linear_digits.c``): AVX512_VNNI without AMX; 0 where
+    no call does."""
     lib = _library()
     return 0 if lib is None else lib.digit_rows()
 
@@ -258,8 +265,9 @@ def instructions(fmt: str) -> str:
         amx = (f", AMX-INT8 tiles for calls of {lib.amx_w8a8_rows} rows or more with one x scale a row"
                if lib.amx_w8a8_rows else "")
         return f"AVX512_VNNI integer dot products (vpdpbusd){amx}"
-    if fmt == "int8" and lib.digit_rows():
-        return (f"{_READ[fmt]}{simd} float32 FMAs; per channel from {lib.digit_rows()} rows AVX512_VNNI integer "
+    if fmt in ("int8", "int4") and lib.digit_rows():
+        which = "per channel" if fmt == "int8" else "in groups of 64 or more"
+        return (f"{_READ[fmt]}{simd} float32 FMAs; {which} from {lib.digit_rows()} rows AVX512_VNNI integer "
                 f"dot products (vpdpbusd) over x as two bytes a value (16 bits a group of 64)")
     rows = lib.amx_rows if fmt == "bf16" else lib.amx_split_rows.get(fmt, 0)
     amx = (f"; AMX bf16 tiles from {rows} rows" + (" (x rounded to bf16 there)" if fmt == "bf16"

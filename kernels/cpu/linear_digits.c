@@ -31,14 +31,21 @@
 #define XG 64           /* x's group: one scale per 64 input features */
 #define DIGIT_ROWS 9    /* int8 calls from this many rows on take this path (fleet_digit_tuning): RB + 1 */
 
+/* The calls this path takes (where it runs): per-channel int8, and int4 in groups of a
+ * multiple of 64, K a multiple of 64. */
+int fleet_digits_take(int fmt, int64_t K, int64_t G) {
+    return K >= XG && K % XG == 0 && ((fmt == FMT_INT8 && G == K) || (fmt == FMT_INT4 && G % XG == 0));
+}
+
 #if defined(FLEET_AVX512) && defined(__AVX512VNNI__) && defined(__AVX512DQ__)
 #include <math.h>
 #include <omp.h>
 #define DIGITS_KERNEL 1
 #define DB 6            /* rows a block: 24 accumulators (12 int32 of a group, 12 float totals) */
 
-/* Row r of x [M][K] as the two digit planes hi, lo [M][K] and scales xs [M][K / XG]. */
-static void x_digits(const float *x, int64_t r, int64_t K, uint8_t *hi, uint8_t *lo, float *xs) {
+/* Row r of x [M][K] as the two digit planes hi, lo [M][K], scales xs [M][K / XG] and xsum =
+ * xs * sum X over each group (what int4's mins multiply). */
+static void x_digits(const float *x, int64_t r, int64_t K, uint8_t *hi, uint8_t *lo, float *xs, float *xsum) {
     const __m512i lim = _mm512_set1_epi32(32767), neg = _mm512_set1_epi32(-32767);
     const __m512i off = _mm512_set1_epi32(32768), low = _mm512_set1_epi32(255);
     for (int64_t g = 0; g < K / XG; g++) {
@@ -53,36 +60,52 @@ static void x_digits(const float *x, int64_t r, int64_t K, uint8_t *hi, uint8_t 
         const float m = _mm512_reduce_max_ps(amax);
         const float scale = bad ? NAN : m > 0.f ? m / 32767.f : 1.f;
         const __m512 s = _mm512_set1_ps(bad ? 1.f : scale);
+        int64_t sum = 0;
         for (int k = 0; k < XG; k += 16) {
             __m512i q = _mm512_cvtps_epi32(_mm512_div_ps(_mm512_loadu_ps(xr + k), s));   /* nearest even */
-            q = _mm512_add_epi32(_mm512_min_epi32(_mm512_max_epi32(q, neg), lim), off);
+            q = _mm512_min_epi32(_mm512_max_epi32(q, neg), lim);
+            sum += _mm512_reduce_add_epi32(q);
+            q = _mm512_add_epi32(q, off);
             _mm_storeu_si128((__m128i *)(hi + r * K + g * XG + k), _mm512_cvtepi32_epi8(_mm512_srli_epi32(q, 8)));
             _mm_storeu_si128((__m128i *)(lo + r * K + g * XG + k), _mm512_cvtepi32_epi8(_mm512_and_si512(q, low)));
         }
         xs[r * (K / XG) + g] = scale;
+        xsum[r * (K / XG) + g] = scale * (float)sum;   /* |sum| <= 64 * 32767: exact in float */
     }
 }
 
-/* A packed int8 tile [K][32] as vpdpbusd's [K/4][32][4] in w, and comp [K / XG][32]: 32768 x
- * each group's sum of a channel's codes (what the +32768 of U adds). */
-static void tile_layout(const int8_t *t, int64_t K, int8_t *w, int32_t *comp) {
+/* Four k of 32 channels (a0..a3: one k each, a byte a channel) as vpdpbusd's [32][4] at o. */
+AI void quad_store(__m256i a0, __m256i a1, __m256i a2, __m256i a3, int8_t *o) {
+    /* per 128-bit lane: bytes of k, k+1 interleaved, then of k+2, k+3; then 16-bit pairs */
+    const __m256i t0 = _mm256_unpacklo_epi8(a0, a1), t1 = _mm256_unpackhi_epi8(a0, a1);
+    const __m256i t2 = _mm256_unpacklo_epi8(a2, a3), t3 = _mm256_unpackhi_epi8(a2, a3);
+    const __m256i u0 = _mm256_unpacklo_epi16(t0, t2);   /* channels 0-3 | 16-19 */
+    const __m256i u1 = _mm256_unpackhi_epi16(t0, t2);   /* 4-7 | 20-23 */
+    const __m256i u2 = _mm256_unpacklo_epi16(t1, t3);   /* 8-11 | 24-27 */
+    const __m256i u3 = _mm256_unpackhi_epi16(t1, t3);   /* 12-15 | 28-31 */
+    _mm256_storeu_si256((__m256i *)o, _mm256_permute2x128_si256(u0, u1, 0x20));
+    _mm256_storeu_si256((__m256i *)(o + 32), _mm256_permute2x128_si256(u2, u3, 0x20));
+    _mm256_storeu_si256((__m256i *)(o + 64), _mm256_permute2x128_si256(u0, u1, 0x31));
+    _mm256_storeu_si256((__m256i *)(o + 96), _mm256_permute2x128_si256(u2, u3, 0x31));
+}
+
+/* A packed tile (int8 [K][32], or int4 [K/2][32]: k = 2j in the low nibble of row j, 2j + 1
+ * in the high) as vpdpbusd's [K/4][32][4] codes in w, and comp [K / XG][32]: 32768 x each
+ * group's sum of a channel's codes (what the +32768 of U adds). */
+static void tile_layout(int fmt, const uint8_t *t, int64_t K, int8_t *w, int32_t *comp) {
+    const __m256i nib = _mm256_set1_epi8(0x0F);
     for (int64_t k = 0; k < K; k += 4) {
-        const __m256i a0 = _mm256_loadu_si256((const __m256i *)(t + k * TILE));
-        const __m256i a1 = _mm256_loadu_si256((const __m256i *)(t + (k + 1) * TILE));
-        const __m256i a2 = _mm256_loadu_si256((const __m256i *)(t + (k + 2) * TILE));
-        const __m256i a3 = _mm256_loadu_si256((const __m256i *)(t + (k + 3) * TILE));
-        /* per 128-bit lane: bytes of k, k+1 interleaved, then of k+2, k+3; then 16-bit pairs */
-        const __m256i t0 = _mm256_unpacklo_epi8(a0, a1), t1 = _mm256_unpackhi_epi8(a0, a1);
-        const __m256i t2 = _mm256_unpacklo_epi8(a2, a3), t3 = _mm256_unpackhi_epi8(a2, a3);
-        const __m256i u0 = _mm256_unpacklo_epi16(t0, t2);   /* channels 0-3 | 16-19 */
-        const __m256i u1 = _mm256_unpackhi_epi16(t0, t2);   /* 4-7 | 20-23 */
-        const __m256i u2 = _mm256_unpacklo_epi16(t1, t3);   /* 8-11 | 24-27 */
-        const __m256i u3 = _mm256_unpackhi_epi16(t1, t3);   /* 12-15 | 28-31 */
-        int8_t *o = w + k * TILE;
-        _mm256_storeu_si256((__m256i *)o, _mm256_permute2x128_si256(u0, u1, 0x20));
-        _mm256_storeu_si256((__m256i *)(o + 32), _mm256_permute2x128_si256(u2, u3, 0x20));
-        _mm256_storeu_si256((__m256i *)(o + 64), _mm256_permute2x128_si256(u0, u1, 0x31));
-        _mm256_storeu_si256((__m256i *)(o + 96), _mm256_permute2x128_si256(u2, u3, 0x31));
+        if (fmt == FMT_INT8) {
+            quad_store(_mm256_loadu_si256((const __m256i *)(t + k * TILE)),
+                       _mm256_loadu_si256((const __m256i *)(t + (k + 1) * TILE)),
+                       _mm256_loadu_si256((const __m256i *)(t + (k + 2) * TILE)),
+                       _mm256_loadu_si256((const __m256i *)(t + (k + 3) * TILE)), w + k * TILE);
+        } else {
+            const __m256i b0 = _mm256_loadu_si256((const __m256i *)(t + k / 2 * TILE));
+            const __m256i b1 = _mm256_loadu_si256((const __m256i *)(t + (k / 2 + 1) * TILE));
+            quad_store(_mm256_and_si256(b0, nib), _mm256_and_si256(_mm256_srli_epi16(b0, 4), nib),
+                       _mm256_and_si256(b1, nib), _mm256_and_si256(_mm256_srli_epi16(b1, 4), nib), w + k * TILE);
+        }
     }
     const __m512i ones = _mm512_set1_epi8(1);
     for (int64_t g = 0; g < K / XG; g++) {
@@ -108,61 +131,89 @@ AI void digit_group(const int R, const uint8_t *d, int64_t K, const int8_t *w, i
     }
 }
 
-/* R rows (digit planes at hi, lo, scales xs [R][K / XG]) against one laid-out tile. */
-AI void digit_rows(const int R, const uint8_t *hi, const uint8_t *lo, const float *xs, int64_t K, const int8_t *w,
-                   const int32_t *comp, const float *scale, const float *bias, float *out, int64_t ldo, int cols) {
-    const int64_t groups = K / XG;
+typedef struct {            /* one block of rows against one laid-out tile */
+    const uint8_t *hi, *lo;     /* the block's digit planes (row stride K) */
+    const float *xs, *xsum;     /* [rows][K / XG] */
+    int64_t K, G;               /* G: the weight's group (int4), K for per-channel int8 */
+    const int8_t *w;            /* tile_layout's codes */
+    const int32_t *comp;
+    const float *scales, *mins; /* the tile's: [1][32] (int8), [K / G][32] (int4) */
+} dblock_t;
+
+/* int4's group g of x (in weight group g * XG / G): y += (acc - comp) * xs * scale + xsum * min. */
+AI void fold_int4(const int R, __m512i (*acc)[2], const dblock_t *d, int64_t g, vf y[RB][2]) {
+    const int64_t groups = d->K / XG, wg = g * XG / d->G;
+    for (int h = 0; h < 2; h++) {
+        const __m512i c = _mm512_loadu_si512(d->comp + g * TILE + 16 * h);
+        const vf s = vf_load(d->scales + wg * TILE + 16 * h), m = vf_load(d->mins + wg * TILE + 16 * h);
+        for (int r = 0; r < R; r++) {
+            const vf sx = vf_mul(s, vf_set1(d->xs[r * groups + g]));
+            y[r][h] = vf_fmadd(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r][h], c)), sx, y[r][h]);
+            y[r][h] = vf_fmadd(m, vf_set1(d->xsum[r * groups + g]), y[r][h]);
+        }
+    }
+}
+
+/* R rows against one laid-out tile, fmt FMT_INT8 or FMT_INT4. */
+AI void digit_rows(const int R, const int fmt, const dblock_t *d, const float *bias, float *out, int64_t ldo, int cols) {
+    const int64_t K = d->K, groups = K / XG;
     vf y[RB][2];
     for (int r = 0; r < R; r++) y[r][0] = y[r][1] = vf_zero();
     for (int64_t g = 0; g < groups; g++) {
         __m512i acc[DB][2];
         for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm512_setzero_si512();
-        digit_group(R, hi, K, w, g * XG, acc);
+        digit_group(R, d->hi, K, d->w, g * XG, acc);
         for (int r = 0; r < R; r++) acc[r][0] = _mm512_slli_epi32(acc[r][0], 8), acc[r][1] = _mm512_slli_epi32(acc[r][1], 8);
-        digit_group(R, lo, K, w, g * XG, acc);
-        fold_group(R, acc, comp + g * TILE, xs + g, groups, y);
+        digit_group(R, d->lo, K, d->w, g * XG, acc);
+        if (fmt == FMT_INT8) fold_group(R, acc, d->comp + g * TILE, d->xs + g, groups, y);
+        else fold_int4(R, acc, d, g, y);
     }
-    scale_rows(R, y, scale);
+    if (fmt == FMT_INT8) scale_rows(R, y, d->scales);
     store_rows(R, y, bias, out, ldo, cols);
 }
 
-typedef void (*digit_fn)(const uint8_t *, const uint8_t *, const float *, int64_t, const int8_t *, const int32_t *,
-                         const float *, const float *, float *, int64_t, int);
-#define DIGITS(R)                                                                                                \
-    static void digits_##R(const uint8_t *hi, const uint8_t *lo, const float *xs, int64_t K, const int8_t *w,  \
-                           const int32_t *comp, const float *scale, const float *bias, float *out, int64_t ldo, \
-                           int cols) {                                                                          \
-        digit_rows(R, hi, lo, xs, K, w, comp, scale, bias, out, ldo, cols);                                     \
+typedef void (*digit_fn)(const dblock_t *, const float *, float *, int64_t, int);
+#define DIGITS(R)                                                                                            \
+    static void int8_##R(const dblock_t *d, const float *bias, float *out, int64_t ldo, int cols) {          \
+        digit_rows(R, FMT_INT8, d, bias, out, ldo, cols);                                                    \
+    }                                                                                                        \
+    static void int4_##R(const dblock_t *d, const float *bias, float *out, int64_t ldo, int cols) {          \
+        digit_rows(R, FMT_INT4, d, bias, out, ldo, cols);                                                    \
     }
 DIGITS(1) DIGITS(2) DIGITS(3) DIGITS(4) DIGITS(5) DIGITS(6)
-static const digit_fn digit_blocks[DB + 1] = {NULL, digits_1, digits_2, digits_3, digits_4, digits_5, digits_6};
+static const digit_fn int8_blocks[DB + 1] = {NULL, int8_1, int8_2, int8_3, int8_4, int8_5, int8_6};
+static const digit_fn int4_blocks[DB + 1] = {NULL, int4_1, int4_2, int4_3, int4_4, int4_5, int4_6};
 
-int fleet_linear_digits(const float *x, int64_t M, int64_t N, int64_t K, const int8_t *codes, const float *scales,
-                        const float *bias, float *out, int num_threads) {
-    if (M < 1 || N < 1 || K < XG || K % XG || fleet_amx_ready()) return 1;
-    const int64_t tiles = (N + TILE - 1) / TILE, groups = K / XG;
+int fleet_linear_digits(int fmt, const float *x, int64_t M, int64_t N, int64_t K, int64_t G, const void *data,
+                        const float *scales, const float *mins, const float *bias, float *out, int num_threads) {
+    if (!fleet_digits_take(fmt, K, G) || M < 1 || N < 1 || fleet_amx_ready()) return 1;
+    const int64_t tiles = (N + TILE - 1) / TILE, groups = K / XG, wgroups = fmt == FMT_INT4 ? K / G : 1;
+    const int64_t bytes = fmt == FMT_INT4 ? K / 2 * TILE : K * TILE;   /* of a packed tile */
     uint8_t *planes = malloc((size_t)(2 * M * K));
-    float *xs = malloc((size_t)(M * groups) * sizeof(float));
+    float *xs = malloc((size_t)(2 * M * groups) * sizeof(float));
     int failed = !planes || !xs;
     if (!failed) {
         uint8_t *hi = planes, *lo = planes + M * K;
+        float *xsum = xs + M * groups;
         #pragma omp parallel num_threads(num_threads)
         {
             #pragma omp for schedule(static)
-            for (int64_t r = 0; r < M; r++) x_digits(x, r, K, hi, lo, xs);
+            for (int64_t r = 0; r < M; r++) x_digits(x, r, K, hi, lo, xs, xsum);
             int8_t *w = aligned_alloc(64, (size_t)(K * TILE));
             int32_t *comp = aligned_alloc(64, (size_t)(groups * TILE) * sizeof(int32_t));
             if (!w || !comp) failed = 1;
             #pragma omp for schedule(dynamic, 1)
             for (int64_t i = 0; i < tiles; i++) {
                 if (!w || !comp) continue;
-                tile_layout(codes + i * K * TILE, K, w, comp);
+                tile_layout(fmt, (const uint8_t *)data + i * bytes, K, w, comp);
                 const int cols = tile_cols(N, i);
                 const int64_t blocks = (M + DB - 1) / DB;
                 for (int64_t b = 0, r0 = 0; b < blocks; b++) {
                     const int R = pass_rows(M, r0, blocks, b);
-                    digit_blocks[R](hi + r0 * K, lo + r0 * K, xs + r0 * groups, K, w, comp, scales + i * TILE,
-                                    bias ? bias + i * TILE : NULL, out + r0 * N + i * TILE, N, cols);
+                    const dblock_t d = {hi + r0 * K, lo + r0 * K, xs + r0 * groups, xsum + r0 * groups, K, G, w, comp,
+                                        scales + i * wgroups * TILE, mins ? mins + i * wgroups * TILE : NULL};
+                    (fmt == FMT_INT8 ? int8_blocks : int4_blocks)[R](&d, bias ? bias + i * TILE : NULL,
+                                                                      out + r0 * N + i * TILE, N, cols);
                     r0 += R;
                 }
             }
@@ -184,10 +235,11 @@ int fleet_digit_tuning(int rows) {
     return fleet_amx_ready() ? 0 : from_rows;
 }
 
-#else   /* no AVX512_VNNI here: int8 keeps linear.c's float path */
-int fleet_linear_digits(const float *x, int64_t M, int64_t N, int64_t K, const int8_t *codes, const float *scales,
-                        const float *bias, float *out, int num_threads) {
-    (void)x, (void)M, (void)N, (void)K, (void)codes, (void)scales, (void)bias, (void)out, (void)num_threads;
+#else   /* no AVX512_VNNI here: int8 and int4 keep linear.c's float path */
+int fleet_linear_digits(int fmt, const float *x, int64_t M, int64_t N, int64_t K, int64_t G, const void *data,
+                        const float *scales, const float *mins, const float *bias, float *out, int num_threads) {
+    (void)fmt, (void)x, (void)M, (void)N, (void)K, (void)G, (void)data, (void)scales, (void)mins, (void)bias;
+    (void)out, (void)num_threads;
     return 1;
 }
 

@@ -1,12 +1,12 @@
-"""Per-channel int8 calls past eight rows on CPUs with AVX512_VNNI and no AMX
-(kernels/cpu/linear_digits.c): x carried as two bytes a value over groups of 64 input features,
-the products as exact integer dot products. The tests set the row count from which the path
+"""Per-channel int8 and int4 (groups of 64 or more) calls past eight rows on CPUs with
+AVX512_VNNI and no AMX (kernels/cpu/linear_digits.c): x carried as two bytes a value over
+groups of 64 input features, the products as exact integer dot products. The tests set the row count from which the path
 runs (``digit_rows``) and put it back."""
 import pytest
 import torch
 
 from kernels.cpu import linear as L
-from kernels.quantize import quantize_int8
+from kernels.quantize import quantize_int4, quantize_int8
 
 LIB = L._library()
 pytestmark = pytest.mark.skipif(LIB is None or not LIB.digit_rows(),
@@ -26,23 +26,34 @@ def _int8(n: int, k: int, gen: torch.Generator) -> L.PackedWeight:
     return L.pack_int8(*quantize_int8(torch.randn(n, k, generator=gen) * 0.05, None))
 
 
+def _weight(fmt: str, n: int, k: int, gen: torch.Generator) -> L.PackedWeight:
+    if fmt == "int8":
+        return _int8(n, k, gen)
+    group = 128 if k % 128 == 0 and k > 128 else 64
+    return L.pack_int4(*quantize_int4(torch.randn(n, k, generator=gen) * 0.05, group), group)
+
+
 def test_the_default_takes_calls_past_the_register_block():
     """From 9 rows (past the 8-row register block, where the float path decodes a tile into
     its buffer), and the engine's log says so."""
     assert LIB.digit_rows() == 9 == L.digit_rows()
-    assert "from 9 rows AVX512_VNNI integer dot products" in L.instructions("int8")
+    assert "per channel from 9 rows AVX512_VNNI integer dot products" in L.instructions("int8")
+    assert "in groups of 64 or more from 9 rows AVX512_VNNI" in L.instructions("int4")
     with pytest.raises(ValueError):
         LIB.digit_rows(-1)
 
 
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
 @pytest.mark.parametrize("n,k", [(100, 576), (33, 64), (70, 1536), (32, 128)])
 @pytest.mark.parametrize("m", [1, 5, 6, 7, 13, 64])
-def test_agrees_with_the_float64_product_of_its_operands(every_call, n, k, m):
+def test_agrees_with_the_float64_product_of_its_operands(every_call, fmt, n, k, m):
     """Within float32 rounding of the float64 product of digits(x) and the dequantized weight
     (the oracle of every kernel test: linear.operands), partial tiles, bias and blocks of 1-6
-    rows included."""
+    rows included; int4 in groups of 64 and 128 (each x group inside one weight group)."""
+    if fmt == "int4" and k == 64:
+        pytest.skip("int4 needs groups smaller than K")
     gen = torch.Generator().manual_seed(n + k + m)
-    w = _int8(n, k, gen)
+    w = _weight(fmt, n, k, gen)
     x = torch.randn(m, k, generator=gen)
     x[0, k // 3] = 60.0   # a loud channel coarsens its own group only
     bias = torch.randn(n, generator=gen) if m % 2 else None
@@ -70,9 +81,10 @@ def test_the_integer_sums_are_exact(every_call):
     assert torch.equal(y.double(), (x.double() @ codes.double().T))
 
 
-def test_a_bad_row_is_nan_and_leaves_the_others_alone(every_call):
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_a_bad_row_is_nan_and_leaves_the_others_alone(every_call, fmt):
     gen = torch.Generator().manual_seed(3)
-    w = _int8(50, 192, gen)
+    w = _weight(fmt, 50, 192, gen)
     x = torch.randn(12, 192, generator=gen)
     clean = L.linear(x, w)
     x[4, 100], x[7, 5] = float("nan"), float("inf")
@@ -82,12 +94,12 @@ def test_a_bad_row_is_nan_and_leaves_the_others_alone(every_call):
     assert torch.equal(y[keep], clean[keep])
 
 
-@pytest.mark.parametrize("k", [96, 576])
-def test_a_row_gets_the_same_bits_in_every_call_it_takes(k):
+@pytest.mark.parametrize("fmt,k", [("int8", 96), ("int8", 576), ("int4", 576), ("int4", 1536)])
+def test_a_row_gets_the_same_bits_in_every_call_it_takes(fmt, k):
     """At the default threshold: calls of 9-64 rows give a row the bits of the whole call,
-    K = 96 (not a multiple of 64: the float path) and 576."""
+    K = 96 (not a multiple of 64: the float path), 576 and 1,536."""
     gen = torch.Generator().manual_seed(k)
-    w = _int8(96, k, gen)
+    w = _weight(fmt, 96, k, gen)
     x = torch.randn(64, k, generator=gen)
     many = L.linear(x, w)
     for size in (9, 12, 13, 31):
@@ -101,9 +113,23 @@ def test_a_row_gets_the_same_bits_in_every_call_it_takes(k):
             LIB.digit_rows(9)
 
 
-def test_grouped_int8_keeps_the_float_path(every_call):
+def test_the_integer_sums_of_int4_are_exact(every_call):
+    """As for int8, with scale 1 and min 0 a group (codes 0-15 as vpdpbusd's signed operand)."""
+    gen = torch.Generator().manual_seed(8)
+    m, n, k = 10, 40, 128
+    x = torch.randint(-32767, 32768, (m, k), generator=gen)
+    x[:, 0], x[:, 64] = 32767, -32767
+    codes = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8)
+    w = L.pack_int4((codes[:, 0::2] | (codes[:, 1::2] << 4)).contiguous(), torch.ones(n, 2), torch.zeros(n, 2), 64)
+    assert torch.equal(L.linear(x.float(), w).double(), x.double() @ codes.double().T)
+
+
+@pytest.mark.parametrize("fmt,group", [("int8", 64), ("int4", 32)])
+def test_groups_below_64_keep_the_float_path(every_call, fmt, group):
     gen = torch.Generator().manual_seed(5)
-    w = L.pack_int8(*quantize_int8(torch.randn(64, 256, generator=gen) * 0.05, 64))
+    w = torch.randn(64, 256, generator=gen) * 0.05
+    w = L.pack_int8(*quantize_int8(w, group)) if fmt == "int8" else L.pack_int4(*quantize_int4(w, group), group)
+    assert not L.takes_digits(w)
     x = torch.randn(16, 256, generator=gen)
     y = L.linear(x, w)
     LIB.digit_rows(0)
