@@ -200,10 +200,10 @@ class CpuKernels:
                 "one_row_prefetch": bool(code & 8)}
 
     def digit_rows(self, rows: int | None = None) -> int:
-        """Sets from how many rows per-channel int8 calls take the two-byte integer path
-        (linear_digits.c: AVX512_VNNI, no AMX; 0: never), where not None; returns it as it is
-        then (0 where that path does not run here). Results change with it: x is rounded to 16
-        bits a group of 64 there."""
+        """Sets from how many rows per-channel int8 and grouped int4 calls take the two-byte
+        integer path (linear_digits.c: AVX512_VNNI, no AMX; 0: never), where not None; returns
+        it as it is then (0 where that path does not run here). Results change with it: x is
+        rounded to 16 bits a group of 64 there."""
         if rows is not None and rows < 0:
             raise ValueError("rows must be >= 0")
         return int(self._digit_tuning(-1 if rows is None else rows))

@@ -1,24 +1,27 @@
-/* Weight-only int8 (per output channel) calls of many rows on CPUs with AVX512_VNNI and no
- * AMX: x carried as two bytes a value, the products as integer dot products (vpdpbusd).
+/* Weight-only int8 (per output channel) and int4 (groups of 64 or more) calls of many rows on
+ * CPUs with AVX512_VNNI and no AMX: x carried as two bytes a value, the products as integer
+ * dot products (vpdpbusd).
  *
- * Past a few rows an int8 call is bound by the multiply-adds, not by the weights' stream: its
+ * Past a few rows such a call is bound by the multiply-adds, not by the weights' stream: its
  * codes decoded to float32 run as many FMAs as fp32 does, plus the decode, so it cannot be
- * faster than fp32 there (a 2-core AMD EPYC Zen 4: 1.05-1.16x fp32's time at 32-64 rows).
- * vpdpbusd does 64 byte products a zmm instruction, an FMA 16. Two digits of x give two of
- * them for what one FMA per 16 products took.
+ * faster than fp32 there (a 2-core AMD EPYC Zen 4: int8 1.05-1.16x fp32's time at 32-64 rows).
+ * vpdpbusd does 64 byte products a zmm instruction, an FMA 16; with x in two bytes a product
+ * takes two, so 32 products an instruction, twice an FMA's.
  *
  * x row r, group g of XG (64) input features: xs[r][g] = max|x| / 32767 over the group,
  * X = round(x / xs) in [-32767, 32767] (nearest even), stored as U = X + 32768 = 256 hi + lo,
  * two unsigned bytes. A row group whose values are not all finite gets xs = NaN (the row's
- * outputs become NaN, as a float matmul gives). For channel n with codes q and scale[n]:
+ * outputs become NaN, as a float matmul gives). For channel n with codes q:
  *   S_g = 256 sum_k hi q + sum_k lo q - 32768 sum_k q   (= sum_{k in g} X q, exact in int32:
  *   |256 sum hi q| <= 256 * 255 * 127 * 64 < 2^31)
- *   y[r][n] = scale[n] * (sum over g, in g order, of S_g * xs[r][g] as fused multiply-adds) (+ b[n]).
+ *   int8: y[r][n] = scale[n] * (sum over g, in g order, of S_g * xs[r][g] as fused multiply-adds) (+ b[n])
+ *   int4 (w = q * scale + min a weight group, x group g inside weight group G(g)): over g in
+ *   order, y += S_g * (xs * scale[G(g)][n]), then y += min[G(g)][n] * (xs * sum_{k in g} X).
  * So x is rounded to 16 bits relative to its group's largest value, about what the AMX path's
- * two bf16 (hi + lo) keep of each value, and far below int8's own rounding of the weights;
- * the sums of products are exact. A row's result depends on that row alone; calls of fewer
- * than DIGIT_ROWS rows keep linear.c's float path (so, as on AMX CPUs, a row's bits differ
- * between a small and a large call).
+ * two bf16 (hi + lo) keep of each value, and far below the weights' own rounding; the sums of
+ * products are exact. A row's result depends on that row alone; calls of fewer than DIGIT_ROWS
+ * rows keep linear.c's float path (so, as on AMX CPUs, a row's bits differ between a small and
+ * a large call).
  *
  * Each thread lays its tile's codes out as vpdpbusd takes them ([K/4][32][4]: four
  * consecutive k of a channel in one 32-bit lane, 18 KiB at K = 576, in L1) with each group's
@@ -29,7 +32,7 @@
 #include "linear.h"
 
 #define XG 64           /* x's group: one scale per 64 input features */
-#define DIGIT_ROWS 9    /* int8 calls from this many rows on take this path (fleet_digit_tuning): RB + 1 */
+#define DIGIT_ROWS 9    /* calls from this many rows on take this path (fleet_digit_tuning): RB + 1 */
 
 /* The calls this path takes (where it runs): per-channel int8, and int4 in groups of a
  * multiple of 64, K a multiple of 64. */
@@ -228,8 +231,9 @@ int fleet_linear_digits(int fmt, const float *x, int64_t M, int64_t N, int64_t K
 
 static int from_rows = DIGIT_ROWS;
 
-/* The rows from which int8 calls take this path (0: never; so on CPUs with AMX, whose split
- * path serves them); rows > 0 sets it (1: every call, for the tests; 0 turns it off), -1 leaves it. */
+/* The rows from which fleet_digits_take's calls take this path (0: never; so on CPUs with AMX,
+ * whose split path serves them); rows >= 0 sets it (1: every call, for the tests; 0 turns it
+ * off), -1 leaves it. */
 int fleet_digit_tuning(int rows) {
     if (rows >= 0) from_rows = rows;
     return fleet_amx_ready() ? 0 : from_rows;
