@@ -186,9 +186,9 @@ DIGIT_GROUP = 64   # linear_digits.c's XG
 
 
 def digits(x: torch.Tensor) -> torch.Tensor:
-    """x [M, K] as the int8 kernel's two-byte path carries it (``linear_digits.c``): over each
-    group of 64 input features of a row, s = max|x| / 32767 and round(x / s) * s, the integer
-    clamped to [-32767, 32767]; NaN over a group holding a value that is not finite."""
+    """x [M, K] as the int8 and int4 kernels' two-byte path carries it (``linear_digits.c``):
+    over each group of 64 input features of a row, s = max|x| / 32767 and round(x / s) * s, the
+    integer clamped to [-32767, 32767]; NaN over a group holding a value that is not finite."""
     x = x.float()
     m, k = x.shape
     g = x.reshape(m, k // DIGIT_GROUP, DIGIT_GROUP)
