@@ -625,7 +625,8 @@ int fleet_linear(int fmt, const float *x, int64_t M, int64_t N, int64_t K, int64
     if (fmt == FMT_BF16 && M >= AMX_ROWS && !fleet_linear_amx(x, M, N, K, data, bias, out, num_threads)) return 0;
     if ((fmt == FMT_INT8 || fmt == FMT_INT4) && M >= (fmt == FMT_INT4 ? AMX_SPLIT_ROWS_INT4 : AMX_SPLIT_ROWS)
         && !fleet_linear_amx_split(fmt, x, M, N, K, G, data, scales, mins, bias, out, num_threads)) return 0;
-    if (fleet_digits_take(fmt, K, G) && fleet_digit_tuning(-1) && M >= fleet_digit_tuning(-1)
+    const int digit_rows = fleet_digit_tuning(-1);   /* 0 where that path does not run */
+    if (digit_rows && M >= digit_rows && fleet_digits_take(fmt, K, G)
         && !fleet_linear_digits(fmt, x, M, N, K, G, data, scales, mins, bias, out, num_threads)) return 0;
 #if defined(FLEET_AVX512)
     if (fmt == FMT_F32 && M > CONTIGUOUS_ROWS && N >= 2 * TILE && f32_pairs_on()) {

@@ -191,6 +191,23 @@ AI void fold_group(const int R, __m512i (*acc)[2], const int32_t *comp, const fl
     }
 }
 
+#if defined(__AVX512VNNI__)
+/* The same kernels' k loop: acc[r] += the integer dot products (vpdpbusd) of R rows of x's
+ * unsigned bytes xu (row stride K) with a tile's codes w ([K/4][32][4]) over k0 .. k1. */
+AI void dot_span(const int R, const uint8_t *xu, int64_t K, const int8_t *w, int64_t k0, int64_t k1,
+                 __m512i acc[RB][2], pf_t pf, const int use_pf) {
+    for (int64_t k = k0; k < k1; k += 4) {
+        if (use_pf) pf_k(pf, k, 4);
+        const __m512i w0 = _mm512_loadu_si512(w + k * TILE), w1 = _mm512_loadu_si512(w + k * TILE + 64);
+        for (int r = 0; r < R; r++) {
+            const __m512i xb = _mm512_set1_epi32(*(const int32_t *)(xu + r * K + k));
+            acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], xb, w0);
+            acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], xb, w1);
+        }
+    }
+}
+#endif
+
 AI void scale_rows(const int R, vf y[RB][2], const float *scale) {
     for (int h = 0; h < 2; h++) {
         const vf s = vf_load(scale + 16 * h);

@@ -43,7 +43,6 @@ int fleet_digits_take(int fmt, int64_t K, int64_t G) {
 #if defined(FLEET_AVX512) && defined(__AVX512VNNI__) && defined(__AVX512DQ__)
 #include <math.h>
 #include <omp.h>
-#define DIGITS_KERNEL 1
 #define DB 6            /* rows a block: 24 accumulators (12 int32 of a group, 12 float totals) */
 
 /* Row r of x [M][K] as the two digit planes hi, lo [M][K], scales xs [M][K / XG] and xsum =
@@ -122,18 +121,6 @@ static void tile_layout(int fmt, const uint8_t *t, int64_t K, int8_t *w, int32_t
     }
 }
 
-/* acc[r] += the dot products of one digit plane d (R rows, stride K) with w over one group. */
-AI void digit_group(const int R, const uint8_t *d, int64_t K, const int8_t *w, int64_t k0, __m512i acc[DB][2]) {
-    for (int64_t k = k0; k < k0 + XG; k += 4) {
-        const __m512i w0 = _mm512_loadu_si512(w + k * TILE), w1 = _mm512_loadu_si512(w + k * TILE + 64);
-        for (int r = 0; r < R; r++) {
-            const __m512i xb = _mm512_set1_epi32(*(const int32_t *)(d + r * K + k));
-            acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], xb, w0);
-            acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], xb, w1);
-        }
-    }
-}
-
 typedef struct {            /* one block of rows against one laid-out tile */
     const uint8_t *hi, *lo;     /* the block's digit planes (row stride K) */
     const float *xs, *xsum;     /* [rows][K / XG] */
@@ -163,11 +150,11 @@ AI void digit_rows(const int R, const int fmt, const dblock_t *d, const float *b
     vf y[RB][2];
     for (int r = 0; r < R; r++) y[r][0] = y[r][1] = vf_zero();
     for (int64_t g = 0; g < groups; g++) {
-        __m512i acc[DB][2];
+        __m512i acc[RB][2];   /* R <= DB of them */
         for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm512_setzero_si512();
-        digit_group(R, d->hi, K, d->w, g * XG, acc);
+        dot_span(R, d->hi, K, d->w, g * XG, g * XG + XG, acc, (pf_t){NULL, 0, 0}, 0);
         for (int r = 0; r < R; r++) acc[r][0] = _mm512_slli_epi32(acc[r][0], 8), acc[r][1] = _mm512_slli_epi32(acc[r][1], 8);
-        digit_group(R, d->lo, K, d->w, g * XG, acc);
+        dot_span(R, d->lo, K, d->w, g * XG, g * XG + XG, acc, (pf_t){NULL, 0, 0}, 0);
         if (fmt == FMT_INT8) fold_group(R, acc, d->comp + g * TILE, d->xs + g, groups, y);
         else fold_int4(R, acc, d, g, y);
     }

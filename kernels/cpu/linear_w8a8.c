@@ -52,19 +52,6 @@ static void quantize_groups(const float *x, int64_t M, int64_t K, int64_t G, xco
         }
 }
 
-/* acc[r] += the integer dot products of R rows of xu (row stride K) with tile w over k0 .. k1. */
-AI void dot_span(const int R, const xcode_t *xu, int64_t K, const int8_t *w, int64_t k0, int64_t k1,
-                 __m512i acc[RB][2], pf_t pf, const int use_pf) {
-    for (int64_t k = k0; k < k1; k += 4) {
-        if (use_pf) pf_k(pf, k, 4);
-        const __m512i w0 = _mm512_loadu_si512(w + k * TILE), w1 = _mm512_loadu_si512(w + k * TILE + 64);
-        for (int r = 0; r < R; r++) {
-            const __m512i xb = _mm512_set1_epi32(*(const int32_t *)(xu + r * K + k));
-            acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], xb, w0);
-            acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], xb, w1);
-        }
-    }
-}
 
 /* R rows of xu against one tile (codes w [K/4][32][4], scale and comp [32]). */
 AI void w8a8_block(const int R, const xcode_t *xu, int64_t K, const float *xs, const int8_t *w, const float *scale,
