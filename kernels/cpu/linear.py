@@ -169,7 +169,7 @@ def operands(x: torch.Tensor, w: PackedWeight) -> list[tuple[torch.Tensor, torch
     :func:`takes_digits` (``linear_digits.c``): ``[(digits(x), w)]``."""
     wd, rows, lib = dequantize(w), x.shape[0], _library()
     if lib is not None and takes_digits(w) and 0 < lib.digit_rows() <= rows:
-        return [(digits(x), wd)]
+        return [(digits(x, digit_group(w)), wd)]
     if lib is None or w.k % 32:
         return [(x, wd)]
     if w.fmt == "bf16" and 0 < lib.amx_rows <= rows:
@@ -185,13 +185,24 @@ def operands(x: torch.Tensor, w: PackedWeight) -> list[tuple[torch.Tensor, torch
 DIGIT_GROUP = 64   # linear_digits.c's XG
 
 
-def digits(x: torch.Tensor) -> torch.Tensor:
+def digit_group(w: PackedWeight) -> int:
+    """x's group on the two-byte path over ``w`` (``x_group`` in ``linear_digits.c``): 64, or
+    32 for int4 in groups of an odd multiple of 32 (each x group inside one weight group); 0
+    where the path does not take ``w``."""
+    half = DIGIT_GROUP // 2
+    xg = (DIGIT_GROUP if (w.fmt == "int8" and w.group == w.k) or (w.fmt == "int4" and w.group % DIGIT_GROUP == 0)
+          else half if w.fmt == "int4" and w.group % half == 0 else 0)
+    return xg if xg and w.k % xg == 0 else 0
+
+
+def digits(x: torch.Tensor, group: int = DIGIT_GROUP) -> torch.Tensor:
     """x [M, K] as the int8 and int4 kernels' two-byte path carries it (``linear_digits.c``):
-    over each group of 64 input features of a row, s = max|x| / 32767 and round(x / s) * s, the
-    integer clamped to [-32767, 32767]; NaN over a group holding a value that is not finite."""
+    over each ``group`` input features of a row (:func:`digit_group`), s = max|x| / 32767 and
+    round(x / s) * s, the integer clamped to [-32767, 32767]; NaN over a group holding a value
+    that is not finite."""
     x = x.float()
     m, k = x.shape
-    g = x.reshape(m, k // DIGIT_GROUP, DIGIT_GROUP)
+    g = x.reshape(m, k // group, group)
     amax = g.abs().amax(dim=2, keepdim=True)
     s = torch.where(amax > 0, amax / 32767.0, torch.ones_like(amax))
     s = torch.where(g.isfinite().all(dim=2, keepdim=True), s, torch.full_like(s, float("nan")))
@@ -200,9 +211,8 @@ def digits(x: torch.Tensor) -> torch.Tensor:
 
 def takes_digits(w: PackedWeight) -> bool:
     """Whether calls over ``w`` take the two-byte path from ``digit_rows()`` rows: per-channel
-    int8, or int4 in groups of a multiple of 64; K a multiple of 64 (``fleet_digits_take``)."""
-    return w.k % DIGIT_GROUP == 0 and ((w.fmt == "int8" and w.group == w.k)
-                                       or (w.fmt == "int4" and w.group % DIGIT_GROUP == 0))
+    int8 (K a multiple of 64), or int4 in groups of a multiple of 32 (``fleet_digits_take``)."""
+    return digit_group(w) != 0
 
 
 def digit_rows() -> int:
@@ -266,9 +276,9 @@ def instructions(fmt: str) -> str:
                if lib.amx_w8a8_rows else "")
         return f"AVX512_VNNI integer dot products (vpdpbusd){amx}"
     if fmt in ("int8", "int4") and lib.digit_rows():
-        which = "per channel" if fmt == "int8" else "in groups of 64 or more"
+        which, xg = ("per channel", "64") if fmt == "int8" else ("in groups of 32 or more", "64, or 32 with groups of 32")
         return (f"{_READ[fmt]}{simd} float32 FMAs; {which} from {lib.digit_rows()} rows AVX512_VNNI integer "
-                f"dot products (vpdpbusd) over x as two bytes a value (16 bits a group of 64)")
+                f"dot products (vpdpbusd) over x as two bytes a value (16 bits a group of {xg})")
     rows = lib.amx_rows if fmt == "bf16" else lib.amx_split_rows.get(fmt, 0)
     amx = (f"; AMX bf16 tiles from {rows} rows" + (" (x rounded to bf16 there)" if fmt == "bf16"
                                                    else " (x and w as two bf16 each)")) if rows else ""

@@ -1,4 +1,4 @@
-/* Weight-only int8 (per output channel) and int4 (groups of 64 or more) calls of many rows on
+/* Weight-only int8 (per output channel) and int4 (groups of 32 or more) calls of many rows on
  * CPUs with AVX512_VNNI and no AMX: x carried as two bytes a value, the products as integer
  * dot products (vpdpbusd).
  *
@@ -8,7 +8,8 @@
  * vpdpbusd does 64 byte products a zmm instruction, an FMA 16; with x in two bytes a product
  * takes two, so 32 products an instruction, twice an FMA's.
  *
- * x row r, group g of XG (64) input features: xs[r][g] = max|x| / 32767 over the group,
+ * x row r, group g of XG (64) input features (32 for int4 in groups of 32, so that each x group
+ * lies inside one weight group): xs[r][g] = max|x| / 32767 over the group,
  * X = round(x / xs) in [-32767, 32767] (nearest even), stored as U = X + 32768 = 256 hi + lo,
  * two unsigned bytes. A row group whose values are not all finite gets xs = NaN (the row's
  * outputs become NaN, as a float matmul gives). For channel n with codes q:
@@ -34,10 +35,19 @@
 #define XG 64           /* x's group: one scale per 64 input features */
 #define DIGIT_ROWS 9    /* calls from this many rows on take this path (fleet_digit_tuning): RB + 1 */
 
-/* The calls this path takes (where it runs): per-channel int8, and int4 in groups of a
- * multiple of 64, K a multiple of 64. */
+/* x's group for a call (0: the path does not take it): XG for per-channel int8 and int4 in
+ * groups of a multiple of XG, XG / 2 for int4 in other groups of a multiple of 32 (so each x
+ * group lies inside one weight group; int4's groups are powers of two, so that is 32); K a multiple of it. */
+static int64_t x_group(int fmt, int64_t K, int64_t G) {
+    const int64_t xg = fmt == FMT_INT8 && G == K ? XG : fmt == FMT_INT4 && G % XG == 0 ? XG
+                     : fmt == FMT_INT4 && G % (XG / 2) == 0 ? XG / 2 : 0;
+    return xg && K >= xg && K % xg == 0 ? xg : 0;
+}
+
+/* The calls this path takes (where it runs): per-channel int8 (K a multiple of 64), and int4
+ * in groups of a multiple of 32. */
 int fleet_digits_take(int fmt, int64_t K, int64_t G) {
-    return K >= XG && K % XG == 0 && ((fmt == FMT_INT8 && G == K) || (fmt == FMT_INT4 && G % XG == 0));
+    return x_group(fmt, K, G) != 0;
 }
 
 #if defined(FLEET_AVX512) && defined(__AVX512VNNI__) && defined(__AVX512DQ__)
@@ -45,16 +55,17 @@ int fleet_digits_take(int fmt, int64_t K, int64_t G) {
 #include <omp.h>
 #define DB 6            /* rows a block: 24 accumulators (12 int32 of a group, 12 float totals) */
 
-/* Row r of x [M][K] as the two digit planes hi, lo [M][K], scales xs [M][K / XG] and xsum =
- * xs * sum X over each group (what int4's mins multiply). */
-static void x_digits(const float *x, int64_t r, int64_t K, uint8_t *hi, uint8_t *lo, float *xs, float *xsum) {
+/* Row r of x [M][K] as the two digit planes hi, lo [M][K], scales xs [M][K / xg] and xsum =
+ * xs * sum X over each group of xg (XG or XG / 2) features (what int4's mins multiply). */
+static void x_digits(const float *x, int64_t r, int64_t K, int64_t xg, uint8_t *hi, uint8_t *lo, float *xs,
+                     float *xsum) {
     const __m512i lim = _mm512_set1_epi32(32767), neg = _mm512_set1_epi32(-32767);
     const __m512i off = _mm512_set1_epi32(32768), low = _mm512_set1_epi32(255);
-    for (int64_t g = 0; g < K / XG; g++) {
-        const float *xr = x + r * K + g * XG;
+    for (int64_t g = 0; g < K / xg; g++) {
+        const float *xr = x + r * K + g * xg;
         __m512 amax = _mm512_setzero_ps();
         __mmask16 bad = 0;
-        for (int k = 0; k < XG; k += 16) {
+        for (int k = 0; k < xg; k += 16) {
             const __m512 v = _mm512_loadu_ps(xr + k);
             bad |= _mm512_fpclass_ps_mask(v, 0x01 | 0x08 | 0x10 | 0x80);   /* NaN, +-inf */
             amax = _mm512_max_ps(amax, _mm512_abs_ps(v));
@@ -63,16 +74,16 @@ static void x_digits(const float *x, int64_t r, int64_t K, uint8_t *hi, uint8_t 
         const float scale = bad ? NAN : m > 0.f ? m / 32767.f : 1.f;
         const __m512 s = _mm512_set1_ps(bad ? 1.f : scale);
         int64_t sum = 0;
-        for (int k = 0; k < XG; k += 16) {
+        for (int k = 0; k < xg; k += 16) {
             __m512i q = _mm512_cvtps_epi32(_mm512_div_ps(_mm512_loadu_ps(xr + k), s));   /* nearest even */
             q = _mm512_min_epi32(_mm512_max_epi32(q, neg), lim);
             sum += _mm512_reduce_add_epi32(q);
             q = _mm512_add_epi32(q, off);
-            _mm_storeu_si128((__m128i *)(hi + r * K + g * XG + k), _mm512_cvtepi32_epi8(_mm512_srli_epi32(q, 8)));
-            _mm_storeu_si128((__m128i *)(lo + r * K + g * XG + k), _mm512_cvtepi32_epi8(_mm512_and_si512(q, low)));
+            _mm_storeu_si128((__m128i *)(hi + r * K + g * xg + k), _mm512_cvtepi32_epi8(_mm512_srli_epi32(q, 8)));
+            _mm_storeu_si128((__m128i *)(lo + r * K + g * xg + k), _mm512_cvtepi32_epi8(_mm512_and_si512(q, low)));
         }
-        xs[r * (K / XG) + g] = scale;
-        xsum[r * (K / XG) + g] = scale * (float)sum;   /* |sum| <= 64 * 32767: exact in float */
+        xs[r * (K / xg) + g] = scale;
+        xsum[r * (K / xg) + g] = scale * (float)sum;   /* |sum| <= 64 * 32767: exact in float */
     }
 }
 
@@ -92,9 +103,9 @@ AI void quad_store(__m256i a0, __m256i a1, __m256i a2, __m256i a3, int8_t *o) {
 }
 
 /* A packed tile (int8 [K][32], or int4 [K/2][32]: k = 2j in the low nibble of row j, 2j + 1
- * in the high) as vpdpbusd's [K/4][32][4] codes in w, and comp [K / XG][32]: 32768 x each
+ * in the high) as vpdpbusd's [K/4][32][4] codes in w, and comp [K / xg][32]: 32768 x each x
  * group's sum of a channel's codes (what the +32768 of U adds). */
-static void tile_layout(int fmt, const uint8_t *t, int64_t K, int8_t *w, int32_t *comp) {
+static void tile_layout(int fmt, const uint8_t *t, int64_t K, int64_t xg, int8_t *w, int32_t *comp) {
     const __m256i nib = _mm256_set1_epi8(0x0F);
     for (int64_t k = 0; k < K; k += 4) {
         if (fmt == FMT_INT8) {
@@ -110,9 +121,9 @@ static void tile_layout(int fmt, const uint8_t *t, int64_t K, int8_t *w, int32_t
         }
     }
     const __m512i ones = _mm512_set1_epi8(1);
-    for (int64_t g = 0; g < K / XG; g++) {
+    for (int64_t g = 0; g < K / xg; g++) {
         __m512i c0 = _mm512_setzero_si512(), c1 = c0;
-        for (int64_t k = g * XG; k < g * XG + XG; k += 4) {
+        for (int64_t k = g * xg; k < g * xg + xg; k += 4) {
             c0 = _mm512_dpbusd_epi32(c0, ones, _mm512_loadu_si512(w + k * TILE));
             c1 = _mm512_dpbusd_epi32(c1, ones, _mm512_loadu_si512(w + k * TILE + 64));
         }
@@ -123,16 +134,16 @@ static void tile_layout(int fmt, const uint8_t *t, int64_t K, int8_t *w, int32_t
 
 typedef struct {            /* one block of rows against one laid-out tile */
     const uint8_t *hi, *lo;     /* the block's digit planes (row stride K) */
-    const float *xs, *xsum;     /* [rows][K / XG] */
-    int64_t K, G;               /* G: the weight's group (int4), K for per-channel int8 */
+    const float *xs, *xsum;     /* [rows][K / xg] */
+    int64_t K, G, xg;           /* G: the weight's group (int4), K for per-channel int8; xg: x's */
     const int8_t *w;            /* tile_layout's codes */
     const int32_t *comp;
     const float *scales, *mins; /* the tile's: [1][32] (int8), [K / G][32] (int4) */
 } dblock_t;
 
-/* int4's group g of x (in weight group g * XG / G): y += (acc - comp) * xs * scale + xsum * min. */
+/* int4's group g of x (in weight group g * xg / G): y += (acc - comp) * xs * scale + xsum * min. */
 AI void fold_int4(const int R, __m512i (*acc)[2], const dblock_t *d, int64_t g, vf y[RB][2]) {
-    const int64_t groups = d->K / XG, wg = g * XG / d->G;
+    const int64_t groups = d->K / d->xg, wg = g * d->xg / d->G;
     for (int h = 0; h < 2; h++) {
         const __m512i c = _mm512_loadu_si512(d->comp + g * TILE + 16 * h);
         const vf s = vf_load(d->scales + wg * TILE + 16 * h), m = vf_load(d->mins + wg * TILE + 16 * h);
@@ -146,15 +157,15 @@ AI void fold_int4(const int R, __m512i (*acc)[2], const dblock_t *d, int64_t g, 
 
 /* R rows against one laid-out tile, fmt FMT_INT8 or FMT_INT4. */
 AI void digit_rows(const int R, const int fmt, const dblock_t *d, const float *bias, float *out, int64_t ldo, int cols) {
-    const int64_t K = d->K, groups = K / XG;
+    const int64_t K = d->K, xg = d->xg, groups = K / xg;
     vf y[RB][2];
     for (int r = 0; r < R; r++) y[r][0] = y[r][1] = vf_zero();
     for (int64_t g = 0; g < groups; g++) {
         __m512i acc[RB][2];   /* R <= DB of them */
         for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm512_setzero_si512();
-        dot_span(R, d->hi, K, d->w, g * XG, g * XG + XG, acc, (pf_t){NULL, 0, 0}, 0);
+        dot_span(R, d->hi, K, d->w, g * xg, g * xg + xg, acc, (pf_t){NULL, 0, 0}, 0);
         for (int r = 0; r < R; r++) acc[r][0] = _mm512_slli_epi32(acc[r][0], 8), acc[r][1] = _mm512_slli_epi32(acc[r][1], 8);
-        dot_span(R, d->lo, K, d->w, g * XG, g * XG + XG, acc, (pf_t){NULL, 0, 0}, 0);
+        dot_span(R, d->lo, K, d->w, g * xg, g * xg + xg, acc, (pf_t){NULL, 0, 0}, 0);
         if (fmt == FMT_INT8) fold_group(R, acc, d->comp + g * TILE, d->xs + g, groups, y);
         else fold_int4(R, acc, d, g, y);
     }
@@ -176,8 +187,9 @@ static const digit_fn int4_blocks[DB + 1] = {NULL, int4_1, int4_2, int4_3, int4_
 
 int fleet_linear_digits(int fmt, const float *x, int64_t M, int64_t N, int64_t K, int64_t G, const void *data,
                         const float *scales, const float *mins, const float *bias, float *out, int num_threads) {
-    if (!fleet_digits_take(fmt, K, G) || M < 1 || N < 1 || fleet_amx_ready()) return 1;
-    const int64_t tiles = (N + TILE - 1) / TILE, groups = K / XG, wgroups = fmt == FMT_INT4 ? K / G : 1;
+    const int64_t xg = x_group(fmt, K, G);
+    if (!xg || M < 1 || N < 1 || fleet_amx_ready()) return 1;
+    const int64_t tiles = (N + TILE - 1) / TILE, groups = K / xg, wgroups = fmt == FMT_INT4 ? K / G : 1;
     const int64_t bytes = fmt == FMT_INT4 ? K / 2 * TILE : K * TILE;   /* of a packed tile */
     uint8_t *planes = malloc((size_t)(2 * M * K));
     float *xs = malloc((size_t)(2 * M * groups) * sizeof(float));
@@ -188,19 +200,19 @@ int fleet_linear_digits(int fmt, const float *x, int64_t M, int64_t N, int64_t K
         #pragma omp parallel num_threads(num_threads)
         {
             #pragma omp for schedule(static)
-            for (int64_t r = 0; r < M; r++) x_digits(x, r, K, hi, lo, xs, xsum);
+            for (int64_t r = 0; r < M; r++) x_digits(x, r, K, xg, hi, lo, xs, xsum);
             int8_t *w = aligned_alloc(64, (size_t)(K * TILE));
             int32_t *comp = aligned_alloc(64, (size_t)(groups * TILE) * sizeof(int32_t));
             if (!w || !comp) failed = 1;
             #pragma omp for schedule(dynamic, 1)
             for (int64_t i = 0; i < tiles; i++) {
                 if (!w || !comp) continue;
-                tile_layout(fmt, (const uint8_t *)data + i * bytes, K, w, comp);
+                tile_layout(fmt, (const uint8_t *)data + i * bytes, K, xg, w, comp);
                 const int cols = tile_cols(N, i);
                 const int64_t blocks = (M + DB - 1) / DB;
                 for (int64_t b = 0, r0 = 0; b < blocks; b++) {
                     const int R = pass_rows(M, r0, blocks, b);
-                    const dblock_t d = {hi + r0 * K, lo + r0 * K, xs + r0 * groups, xsum + r0 * groups, K, G, w, comp,
+                    const dblock_t d = {hi + r0 * K, lo + r0 * K, xs + r0 * groups, xsum + r0 * groups, K, G, xg, w, comp,
                                         scales + i * wgroups * TILE, mins ? mins + i * wgroups * TILE : NULL};
                     (fmt == FMT_INT8 ? int8_blocks : int4_blocks)[R](&d, bias ? bias + i * TILE : NULL,
                                                                       out + r0 * N + i * TILE, N, cols);

@@ -1,6 +1,7 @@
-"""Per-channel int8 and int4 (groups of 64 or more) calls past eight rows on CPUs with
+"""Per-channel int8 and int4 (groups of 32 or more) calls past eight rows on CPUs with
 AVX512_VNNI and no AMX (kernels/cpu/linear_digits.c): x carried as two bytes a value over
-groups of 64 input features, the products as exact integer dot products. The tests set the row count from which the path
+groups of 64 input features (32 for int4 in groups of 32), the products as exact integer dot
+products. The tests set the row count from which the path
 runs (``digit_rows``) and put it back."""
 import pytest
 import torch
@@ -27,9 +28,10 @@ def _int8(n: int, k: int, gen: torch.Generator) -> L.PackedWeight:
 
 
 def _weight(fmt: str, n: int, k: int, gen: torch.Generator) -> L.PackedWeight:
+    """int8 per channel; int4 in groups of 128 or 64 (x groups of 64); int4-g32 (x groups of 32)."""
     if fmt == "int8":
         return _int8(n, k, gen)
-    group = 128 if k % 128 == 0 and k > 128 else 64
+    group = 32 if fmt == "int4-g32" else 128 if k % 128 == 0 and k > 128 else 64
     return L.pack_int4(*quantize_int4(torch.randn(n, k, generator=gen) * 0.05, group), group)
 
 
@@ -38,18 +40,18 @@ def test_the_default_takes_calls_past_the_register_block():
     its buffer), and the engine's log says so."""
     assert LIB.digit_rows() == 9 == L.digit_rows()
     assert "per channel from 9 rows AVX512_VNNI integer dot products" in L.instructions("int8")
-    assert "in groups of 64 or more from 9 rows AVX512_VNNI" in L.instructions("int4")
+    assert "in groups of 32 or more from 9 rows AVX512_VNNI" in L.instructions("int4")
     with pytest.raises(ValueError):
         LIB.digit_rows(-1)
 
 
-@pytest.mark.parametrize("fmt", ["int8", "int4"])
+@pytest.mark.parametrize("fmt", ["int8", "int4", "int4-g32"])
 @pytest.mark.parametrize("n,k", [(100, 576), (33, 64), (70, 1536), (32, 128)])
 @pytest.mark.parametrize("m", [1, 5, 6, 7, 13, 64])
 def test_agrees_with_the_float64_product_of_its_operands(every_call, fmt, n, k, m):
     """Within float32 rounding of the float64 product of digits(x) and the dequantized weight
     (the oracle of every kernel test: linear.operands), partial tiles, bias and blocks of 1-6
-    rows included; int4 in groups of 64 and 128 (each x group inside one weight group)."""
+    rows included; int4 in groups of 32, 64 and 128 (each x group inside one weight group)."""
     if fmt == "int4" and k == 64:
         pytest.skip("int4 needs groups smaller than K")
     gen = torch.Generator().manual_seed(n + k + m)
@@ -59,7 +61,7 @@ def test_agrees_with_the_float64_product_of_its_operands(every_call, fmt, n, k, 
     bias = torch.randn(n, generator=gen) if m % 2 else None
     y = L.linear(x, w, bias)
     (xd, wd), = L.operands(x, w)
-    assert torch.equal(xd, L.digits(x))
+    assert torch.equal(xd, L.digits(x, 32 if fmt == "int4-g32" else 64))
     exact = xd.double() @ wd.double().T + (0 if bias is None else bias.double())
     scale = xd.double().abs() @ wd.double().abs().T + (0 if bias is None else bias.double().abs())
     err = (y.double() - exact).abs()
@@ -81,7 +83,7 @@ def test_the_integer_sums_are_exact(every_call):
     assert torch.equal(y.double(), (x.double() @ codes.double().T))
 
 
-@pytest.mark.parametrize("fmt", ["int8", "int4"])
+@pytest.mark.parametrize("fmt", ["int8", "int4", "int4-g32"])
 def test_a_bad_row_is_nan_and_leaves_the_others_alone(every_call, fmt):
     gen = torch.Generator().manual_seed(3)
     w = _weight(fmt, 50, 192, gen)
@@ -94,7 +96,7 @@ def test_a_bad_row_is_nan_and_leaves_the_others_alone(every_call, fmt):
     assert torch.equal(y[keep], clean[keep])
 
 
-@pytest.mark.parametrize("fmt,k", [("int8", 96), ("int8", 576), ("int4", 576), ("int4", 1536)])
+@pytest.mark.parametrize("fmt,k", [("int8", 96), ("int8", 576), ("int4", 576), ("int4", 1536), ("int4-g32", 576)])
 def test_a_row_gets_the_same_bits_in_every_call_it_takes(fmt, k):
     """At the default threshold: calls of 9-64 rows give a row the bits of the whole call,
     K = 96 (not a multiple of 64: the float path), 576 and 1,536."""
@@ -113,19 +115,23 @@ def test_a_row_gets_the_same_bits_in_every_call_it_takes(fmt, k):
             LIB.digit_rows(9)
 
 
-def test_the_integer_sums_of_int4_are_exact(every_call):
-    """As for int8, with scale 1 and min 0 a group (codes 0-15 as vpdpbusd's signed operand)."""
+@pytest.mark.parametrize("group", [32, 64])
+def test_the_integer_sums_of_int4_are_exact(every_call, group):
+    """As for int8, with scale 1 and min 0 a group (codes 0-15 as vpdpbusd's signed operand);
+    x's groups are 32 or 64 features, as the weight's."""
     gen = torch.Generator().manual_seed(8)
     m, n, k = 10, 40, 128
     x = torch.randint(-32767, 32768, (m, k), generator=gen)
-    x[:, 0], x[:, 64] = 32767, -32767
+    x[:, ::group] = 32767
+    x[:, 1::group] = -32767
     codes = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8)
-    w = L.pack_int4((codes[:, 0::2] | (codes[:, 1::2] << 4)).contiguous(), torch.ones(n, 2), torch.zeros(n, 2), 64)
+    g = k // group
+    w = L.pack_int4((codes[:, 0::2] | (codes[:, 1::2] << 4)).contiguous(), torch.ones(n, g), torch.zeros(n, g), group)
     assert torch.equal(L.linear(x.float(), w).double(), x.double() @ codes.double().T)
 
 
-@pytest.mark.parametrize("fmt,group", [("int8", 64), ("int4", 32)])
-def test_groups_below_64_keep_the_float_path(every_call, fmt, group):
+@pytest.mark.parametrize("fmt,group", [("int8", 64), ("int4", 16)])
+def test_grouped_int8_and_int4_below_32_keep_the_float_path(every_call, fmt, group):
     gen = torch.Generator().manual_seed(5)
     w = torch.randn(64, 256, generator=gen) * 0.05
     w = L.pack_int8(*quantize_int8(w, group)) if fmt == "int8" else L.pack_int4(*quantize_int4(w, group), group)
