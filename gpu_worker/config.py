@@ -39,7 +39,7 @@ class EngineConfig:
         ``triton`` (``model/ops``); default ``$FLEET_OPS``, else ``auto``.
     quantization: weight-only quantization at load (``model/quant``): ``int8`` (per output
         channel), ``int8-g<G>`` (per group of G input features), ``int4`` / ``int4-g<G>``
-        (group 128 by default, calibrated); ``+head`` after it quantizes the LM head as well
+        (group 32 by default, calibrated); ``+head`` after it quantizes the LM head as well
         (INT8 per channel; ``+head-int8-g32`` etc. name another format).
     quantize_lm_head: quantize the LM head too (as ``+head``) whenever ``quantization`` is
         set and its spec names no head format; ignored without ``quantization``. On the CPU

@@ -41,7 +41,7 @@ from gpu_worker.model.quant import gptq
 from gpu_worker.model.quant.calibration import LayerInputs, calibration_sequences, layer_inputs, prefill_hidden
 from gpu_worker.model.quant.int4_fit import fit_int4
 from gpu_worker.model.quant.int8_fit import fit_int8
-from gpu_worker.model.quant.quantize import _projections, int4_group_for, parse_method
+from gpu_worker.model.quant.quantize import INT4_GROUP, _projections, int4_group_for, parse_method
 from gpu_worker.model.quant.smooth import smoothed_int8
 from kernels.cpu.linear import quantize_rows
 from kernels.quantize import dequantize_int4, dequantize_int8, quantize_int8
@@ -59,7 +59,7 @@ def parse_part(part: str) -> tuple[str, int | None, str]:
     method, group, variant = m.group(1), int(m.group(2)) if m.group(2) else None, m.group(3) or ""
     if (method, variant) in (("int8", "rtn"), ("int4", "clip"), ("int4", "gptq")):
         raise ValueError(f"{part!r}: -{variant} does not apply to {method}")
-    return method, (group or 128) if method == "int4" else group, variant
+    return method, (group or INT4_GROUP) if method == "int4" else group, variant
 
 
 def fake_quantize(w: torch.Tensor, part: str, inputs: LayerInputs | None) -> tuple[torch.Tensor, int]:

@@ -46,7 +46,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser):
                    help="--speculative self drafts with the target's own weights quantized (GPU)")
     g.add_argument("--quantization", type=_quantization_spec, default=None, metavar="SPEC",
                    help="weight-only quantization at load: int8 (per channel), int8-g<G>, int4 "
-                        "(group 128, calibrated), int4-g<G>; +head quantizes the LM head too (int8); "
+                        "(group 32, calibrated), int4-g<G>; +head quantizes the LM head too (int8); "
                         "w8a8: int8 per channel with activations quantized per row to int8 (CPU, AVX512_VNNI or AVX2; "
                         "calibrated smoothing scales, cached like int4's; changes numerics); w8a8-a<G>: one "
                         "activation scale per G input features, as llama.cpp's Q8 activations")

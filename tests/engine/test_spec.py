@@ -79,10 +79,12 @@ def test_greedy_identical_with_speculation(kind, tiny_llama_dir, draft_dir, refe
     if kind == "self-int8":     # the target's own weights at int8 agree with it most of the time
         assert stats["spec_acceptance_rate"] > 0.5
     if kind == "self-int4":     # int4 with activation-aware scales from the calibration text
+        from gpu_worker.model.ops.cpu_linear import CpuPackedLinear
         from gpu_worker.model.quant.quantize import Int4Linear
 
-        draft = llm.engine.speculator.proposer.model
-        assert isinstance(draft.layers[0].qkv, Int4Linear) and draft.layers[0].qkv.input_scale is not None
+        qkv = llm.engine.speculator.proposer.model.layers[0].qkv   # packed for the C kernels on the CPU
+        assert isinstance(qkv, Int4Linear) or (isinstance(qkv, CpuPackedLinear) and qkv.fmt == "int4")
+        assert qkv.input_scale is not None
     assert llm.engine.num_free_blocks == llm.engine.num_total_blocks
 
 

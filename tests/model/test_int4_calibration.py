@@ -96,7 +96,9 @@ def test_int4_calibrated_once_then_loaded_from_the_cache(tiny_llama_dir, tmp_pat
         second = LLM(tiny_llama_dir, kv_cache_memory=8 << 20, quantization="int4").engine.model
     assert "loaded from the cache" in caplog.text
     assert torch.equal(forward_logits(first, ids), forward_logits(second, ids))
-    LLM(tiny_llama_dir, kv_cache_memory=8 << 20, quantization="int4-g32")      # another spec: another entry
+    LLM(tiny_llama_dir, kv_cache_memory=8 << 20, quantization="int4-g32")      # int4's own group: its entry
+    assert len(list((tmp_path / "quantized").iterdir())) == 1
+    LLM(tiny_llama_dir, kv_cache_memory=8 << 20, quantization="int4-g64")      # another spec: another entry
     assert len(list((tmp_path / "quantized").iterdir())) == 2
     # fewer positions cut the calibration text shorter: another entry too
     LLM(tiny_llama_dir, kv_cache_memory=8 << 20, quantization="int4", max_model_len=64)

@@ -14,9 +14,10 @@ from gpu_worker.model.quant.quantize import (
 def test_parse_method_and_group_fallback():
     assert parse_method("int8")[:4] == ("int8", None, None, "int8")
     assert parse_method("int8-g64")[:4] == ("int8", 64, None, "int8-g64")
-    assert parse_method("int4")[:4] == ("int4", 128, None, "int4")
+    assert parse_method("int4")[:4] == ("int4", 32, None, "int4") and parse_method("int4").stored == "int4-g32"
     assert parse_method("int4-g32")[:4] == ("int4", 32, None, "int4-g32")
-    assert parse_method("int4+head")[:4] == ("int4", 128, ("int8", None), "int4")
+    assert parse_method("int4+head")[:4] == ("int4", 32, ("int8", None), "int4")
+    assert parse_method("int4-g128").stored == "int4-g128" and parse_method("int8-g64+head").stored == "int8-g64"
     assert parse_method("int8-g32+head-int4-g64").head == ("int4", 64)
     assert parse_method("w8a8") == ("int8", None, None, "w8a8", "int8", None)   # int8 weights (smoothed), int8 activations
     assert parse_method("w8a8+head").head == ("int8", None) and parse_method("int8").activations == "float"
@@ -99,9 +100,36 @@ def test_saved_quantized_checkpoint_reloads_identically(tiny_qwen_dir, tmp_path,
     assert (layer.input_scale is not None) == calibrated
     save_quantized(a, spec, tmp_path)
     b = LLM(tiny_qwen_dir, kv_cache_memory=8 << 20).engine.model
-    assert load_quantized(b, tmp_path) == spec
+    assert load_quantized(b, tmp_path) == parse_method(spec).stored
     ids = list(range(200, 230))
     assert torch.equal(forward_logits(a, ids), forward_logits(b, ids))
+
+
+def test_a_format1_checkpoint_of_bare_int4_loads_as_groups_of_128(tmp_path):
+    """Headers of format 1 named int4 without its group, which was then 128; the default is now
+    32, so such a checkpoint must still load as groups of 128 (and the calibrated cache keys
+    entries by the group spelled out, so an old entry is never taken for the new default)."""
+    import json
+
+    from gpu_worker.model.quant.cache import cache_path
+    from gpu_worker.model.quant.checkpoint import CHECKPOINT_META
+    from gpu_worker.testing import make_tiny_model
+
+    model_dir = make_tiny_model(tmp_path / "model", "qwen2", hidden_size=128)   # K 128 and 384: groups of 128
+    tmp_path = tmp_path / "ckpt"
+    a = LLM(model_dir, kv_cache_memory=8 << 20).engine.model
+    quantize_model(a, "int4-g128")
+    save_quantized(a, "int4-g128", tmp_path)
+    assert json.loads((tmp_path / CHECKPOINT_META).read_text()) == {"quantization": "int4-g128", "format": 2}
+    (tmp_path / CHECKPOINT_META).write_text(json.dumps({"quantization": "int4", "format": 1}))
+    b = LLM(model_dir, kv_cache_memory=8 << 20).engine.model
+    assert load_quantized(b, tmp_path) == "int4-g128"
+    assert b.layers[0].qkv.group_size == 128
+    ids = list(range(200, 230))
+    assert torch.equal(forward_logits(a, ids), forward_logits(b, ids))
+    keys = {spec: cache_path(b, spec, model_dir) for spec in ("int4", "int4+head", "int4-g32", "int4-g128")}
+    assert keys["int4"] == keys["int4+head"] == keys["int4-g32"] != keys["int4-g128"]
+    assert "-int4-g32-" in keys["int4"].name
 
 
 def test_activation_aware_scales_cut_the_output_error_on_unseen_rows():

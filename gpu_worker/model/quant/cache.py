@@ -92,11 +92,12 @@ def _calibrated(model: nn.Module, spec: str, model_dir: Path | None, tokenizer, 
 def cache_path(model: nn.Module, spec: str, model_dir: Path | None) -> Path | None:
     """Where the calibrated checkpoint of this model, spec and dtype lives (None: no cache, or
     a spec that is not calibrated).
-    Only the spec's layer part counts (``int4+head`` is ``int4``'s entry)."""
+    Only the spec's layer part counts (``int4+head`` is ``int4``'s entry), with int4's group
+    spelled out (``int4`` is ``int4-g32``'s entry, not that of an earlier default group)."""
     if model_dir is None or not calibrated(spec):
         return None
     parsed = parse_method(spec)
-    spec, recipe = parsed.layers, RECIPES["w8a8" if parsed.activations == "int8" else parsed.method]
+    spec, recipe = parsed.stored, RECIPES["w8a8" if parsed.activations == "int8" else parsed.method]
     # The calibration text is cut to the model's positions (max_model_len): part of the key.
     h = hashlib.sha256(f"{recipe}|{spec}|{model.embed.dtype}|{model.cos_table.shape[0]}".encode())
     model_dir = Path(model_dir)

@@ -20,13 +20,14 @@ CHECKPOINT_META = "quantization.json"
 
 
 HEAD_SCALE = "head_input_scale"
+FORMAT1_INT4_GROUP = 128    # what a bare ``int4`` meant in format-1 headers (2: the group spelled out)
 
 
 def save_quantized(model: nn.Module, spec: str, directory: str | Path,
                    head_input_scale: torch.Tensor | None = None) -> Path:
     """Write the quantized model's state (all weights but a quantized LM head) and, if given,
-    the head's W8A8 smoothing scales, beside a small JSON header naming ``spec``'s layers.
-    ValueError for a CPU-packed model."""
+    the head's W8A8 smoothing scales, beside a small JSON header naming ``spec``'s layers
+    (``QuantSpec.stored``: int4's group spelled out). ValueError for a CPU-packed model."""
     from safetensors.torch import save_file
 
     head = getattr(model, "packed_head", None)   # never stored, whatever its format
@@ -40,20 +41,24 @@ def save_quantized(model: nn.Module, spec: str, directory: str | Path,
     if head_input_scale is not None:
         state[HEAD_SCALE] = head_input_scale.detach().float().contiguous().cpu()
     save_file(state, str(directory / CHECKPOINT_FILE))
-    (directory / CHECKPOINT_META).write_text(json.dumps({"quantization": parse_method(spec).layers, "format": 1}))
+    (directory / CHECKPOINT_META).write_text(json.dumps({"quantization": parse_method(spec).stored, "format": 2}))
     return directory / CHECKPOINT_FILE
 
 
 def load_quantized(model: nn.Module, directory: str | Path, *, use_triton: bool | None = None) -> str:
     """Swap model's Linear modules for empty quantized ones and load a checkpoint written by
-    :func:`save_quantized`; returns its quantization spec. ValueError if none is there."""
+    :func:`save_quantized`; returns its quantization spec, int4's group spelled out (a
+    format-1 header's bare ``int4`` was group 128). ValueError if none is there."""
     from safetensors.torch import load_file
 
     directory = Path(directory)
     meta_path = directory / CHECKPOINT_META
     if not meta_path.exists():
         raise ValueError(f"no pre-quantized checkpoint in {directory}")
-    spec = json.loads(meta_path.read_text())["quantization"]
+    meta = json.loads(meta_path.read_text())
+    spec = meta["quantization"]
+    if meta.get("format", 1) == 1 and spec == "int4":   # written when int4's default group was 128
+        spec = f"int4-g{FORMAT1_INT4_GROUP}"
     method, group = parse_method(spec)[:2]
     use_triton = uses_triton(model, use_triton)
     state = load_file(str(directory / CHECKPOINT_FILE))

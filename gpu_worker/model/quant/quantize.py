@@ -3,7 +3,7 @@ model's :class:`Linear` modules for quantized ones.
 
 Formats are those of ``kernels/quantize.py``: INT8 symmetric per output channel (``int8``)
 or per group of input features (``int8-g<G>``), INT4 asymmetric per group (``int4``, group
-128 by default; ``int4-g<G>``). ``w8a8`` is per-channel INT8 whose CPU matmuls also round
+32 by default, ``INT4_GROUP``; ``int4-g<G>``). ``w8a8`` is per-channel INT8 whose CPU matmuls also round
 the activations to int8 per row; calibrated, its weights are smoothed first (``smooth.py``:
 per-input-channel scales that move activation outliers into the weights, divided back out
 of the input). Embeddings and norms stay in float; the LM head too unless
@@ -48,6 +48,11 @@ from gpu_worker.model.quant.smooth import head_input_scale, smoothed_int8
 logger = logging.getLogger(__name__)
 
 _PART_RE = re.compile(r"^(int8|int4)(?:-g(\d+))?$")
+# ``int4``'s group. 32, as Q4_K's sub-blocks: off SmolLM2's shipped 4-bit grid, groups of 32 keep
+# more than llama.cpp's Q4_K_M on perplexity and on free-running tokens, groups of 128 (the
+# default until 2026-12-07) less on both, at level speed on the CPU kernels (README
+# "Quantization quality against llama.cpp's formats").
+INT4_GROUP = 32
 _W8A8_RE = re.compile(r"^w8a8(?:-a(\d+))?$")
 SPEC_HELP = ("use int8, int8-g<group>, int4 or int4-g<group> (group: a power of two >= 16), optionally followed by "
              "+head (the LM head in int8 per channel too) or +head-<one of those>; or w8a8 (int8 per channel with "
@@ -64,6 +69,13 @@ class QuantSpec(NamedTuple):
     activations: str = "float"                  # "int8": W8A8 on the CPU (``w8a8``; the weights are ``int8``'s)
     activation_group: int | None = None         # W8A8: input features per activation scale; None: one a row
 
+    @property
+    def stored(self) -> str:
+        """The layer part with int4's group spelled out (``int4`` -> ``int4-g32``): what
+        checkpoints and the calibrated cache record, so weights made under another default group
+        are never read as this one's."""
+        return f"int4-g{self.group_size}" if self.method == "int4" else self.layers
+
 
 def _parse_part(part: str, spec: str) -> tuple[str, int | None]:
     m = _PART_RE.match(part)
@@ -71,7 +83,7 @@ def _parse_part(part: str, spec: str) -> tuple[str, int | None]:
         raise ValueError(f"unknown quantization {spec!r}; {SPEC_HELP}")
     if m.group(1) == "int8" and not m.group(2):
         return "int8", None
-    group = int(m.group(2) or 128)
+    group = int(m.group(2) or INT4_GROUP)
     if group < 16 or group & (group - 1):
         raise ValueError(f"quantization {spec!r}: the group size must be a power of two >= 16, got {group}")
     return m.group(1), group
@@ -79,7 +91,7 @@ def _parse_part(part: str, spec: str) -> tuple[str, int | None]:
 
 def parse_method(spec: str) -> QuantSpec:
     """'int8' -> ('int8', None, None, 'int8'); 'int4-g64+head' -> ('int4', 64, ('int8', None), 'int4-g64');
-    'int4' has group 128; 'w8a8' -> int8 weights with activations 'int8' ('w8a8-a64': activation group 64);
+    'int4' has group INT4_GROUP (32); 'w8a8' -> int8 weights with activations 'int8' ('w8a8-a64': activation group 64);
     ValueError (saying what is
     accepted) for anything else."""
     layers, plus, head = (spec or "").partition("+")
