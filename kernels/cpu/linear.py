@@ -187,8 +187,8 @@ DIGIT_GROUP = 64   # linear_digits.c's XG
 
 def digit_group(w: PackedWeight) -> int:
     """x's group on the two-byte path over ``w`` (``x_group`` in ``linear_digits.c``): 64, or
-    32 for int4 in groups of an odd multiple of 32 (each x group inside one weight group); 0
-    where the path does not take ``w``."""
+    32 for int4 in groups of 32 (each x group inside one weight group); 0 where the path does
+    not take ``w``."""
     half = DIGIT_GROUP // 2
     xg = (DIGIT_GROUP if (w.fmt == "int8" and w.group == w.k) or (w.fmt == "int4" and w.group % DIGIT_GROUP == 0)
           else half if w.fmt == "int4" and w.group % half == 0 else 0)
