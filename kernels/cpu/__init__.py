@@ -72,6 +72,7 @@ class CpuKernels:
         self._linear_tuning = _fn(lib.fleet_linear_tuning, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int)
         self._decode_tuning = _fn(lib.fleet_paged_decode_tuning, ctypes.c_int, ctypes.c_int)
         self._digit_tuning = _fn(lib.fleet_digit_tuning, ctypes.c_int)
+        self._digits_take = _fn(lib.fleet_digits_take, ctypes.c_int, _I64, _I64)
         self._w8a8 = _fn(lib.fleet_linear_w8a8, _P, _I64, _I64, _I64, _I64, _P, _P, _P, _P, _P, ctypes.c_int)
         self._w8a8_supported = _fn(lib.fleet_linear_w8a8_supported)
         # The LM head's bf16 screen (greedy_head.c; kernels.cpu.greedy_head): "native" on
@@ -203,10 +204,16 @@ class CpuKernels:
         """Sets from how many rows per-channel int8 and grouped int4 calls take the two-byte
         integer path (linear_digits.c: AVX512_VNNI, no AMX; 0: never), where not None; returns
         it as it is then (0 where that path does not run here). Results change with it: x is
-        rounded to 16 bits a group of 64 there."""
+        rounded to 16 bits a group of 64 (32 for int4 in groups of 32) there."""
         if rows is not None and rows < 0:
             raise ValueError("rows must be >= 0")
         return int(self._digit_tuning(-1 if rows is None else rows))
+
+    def digit_group(self, fmt: str, k: int, group: int) -> int:
+        """x's group on the two-byte path for a linear() weight of format ``fmt`` (``int8`` with
+        ``group`` = k for per channel, ``int4``), K = ``k``: 64, 32 for int4 in groups of 32, or 0
+        where the path does not take it (``fleet_digits_take``, wherever that path runs)."""
+        return int(self._digits_take(_LINEAR_FORMATS[fmt], k, group))
 
     def decode_tuning(self, prefetch_tiles: int | None = None, prefetch_l2: bool | None = None) -> dict:
         """Sets decode attention's prefetch where not None (paged_decode.c: how many tiles of 16

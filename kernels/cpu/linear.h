@@ -46,7 +46,7 @@ int fleet_linear_amx_split(int fmt, const float *x, int64_t M, int64_t N, int64_
  * products (linear_digits.c); nonzero when it did not run. */
 int fleet_linear_digits(int fmt, const float *x, int64_t M, int64_t N, int64_t K, int64_t G, const void *data,
                         const float *scales, const float *mins, const float *bias, float *out, int num_threads);
-int fleet_digits_take(int fmt, int64_t K, int64_t G);
+int fleet_digits_take(int fmt, int64_t K, int64_t G);   /* x's group (64 or 32), 0: not taken */
 int fleet_digit_tuning(int rows);
 
 #if defined(FLEET_AVX512)

@@ -186,13 +186,11 @@ DIGIT_GROUP = 64   # linear_digits.c's XG
 
 
 def digit_group(w: PackedWeight) -> int:
-    """x's group on the two-byte path over ``w`` (``x_group`` in ``linear_digits.c``): 64, or
-    32 for int4 in groups of 32 (each x group inside one weight group); 0 where the path does
-    not take ``w``."""
-    half = DIGIT_GROUP // 2
-    xg = (DIGIT_GROUP if (w.fmt == "int8" and w.group == w.k) or (w.fmt == "int4" and w.group % DIGIT_GROUP == 0)
-          else half if w.fmt == "int4" and w.group % half == 0 else 0)
-    return xg if xg and w.k % xg == 0 else 0
+    """x's group on the two-byte path over ``w``, as the kernels choose it (``x_group`` in
+    ``linear_digits.c``): 64, or 32 for int4 in groups of 32 (each x group inside one weight
+    group); 0 where the path does not take ``w``, or without the kernels."""
+    lib = _library()
+    return lib.digit_group(w.fmt, w.k, w.group) if lib is not None and w.fmt in ("int8", "int4") else 0
 
 
 def digits(x: torch.Tensor, group: int = DIGIT_GROUP) -> torch.Tensor:

@@ -45,9 +45,9 @@ static int64_t x_group(int fmt, int64_t K, int64_t G) {
 }
 
 /* The calls this path takes (where it runs): per-channel int8 (K a multiple of 64), and int4
- * in groups of a multiple of 32. */
+ * in groups of a multiple of 32; returns x's group for them (x_group), 0 for the others. */
 int fleet_digits_take(int fmt, int64_t K, int64_t G) {
-    return x_group(fmt, K, G) != 0;
+    return (int)x_group(fmt, K, G);
 }
 
 #if defined(FLEET_AVX512) && defined(__AVX512VNNI__) && defined(__AVX512DQ__)
