@@ -2,7 +2,9 @@
 
 These functions are both the production quantizers (run once at load time) and, through
 the dequantizers, the references the matmul kernels are tested against. All statistics
-are computed in float32; scales and minima are stored in float32.
+are computed in float32 and stored in float32 tensors; INT4's scales and minima are fp16
+values (:func:`half_grid`), so that the CPU kernels hold them in two bytes each, as
+llama.cpp's Q4_1 does, without changing a number.
 
 INT8: symmetric, w ~= q * scale[n] (per channel) or q * scale[n, g] (per group of input
       features), q in [-127, 127].
@@ -14,6 +16,32 @@ INT4: asymmetric per group of `group_size` consecutive input features,
 import torch
 
 INT4_MAX_CODE = 15
+HALF_MAX = 65504.0           # the largest finite fp16
+HALF_TINY = 2.0 ** -24       # the smallest positive fp16 (subnormal)
+
+
+def half_grid(scales: torch.Tensor, mins: torch.Tensor, *, cover: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """INT4 scales and minima rounded to fp16 values (returned as float32): to nearest, or
+    with ``cover`` the min down and the scale up, so that ``min + 15 * scale`` still reaches
+    the group's maximum when given ``scale = (max - min) / 15``. A positive scale stays
+    positive (at least HALF_TINY: codes are found by dividing by it). ValueError where a value
+    is not finite or beyond fp16's range (|value| > 65504): such weights have no INT4 form here."""
+    for name, t in (("scales", scales), ("mins", mins)):
+        bad = ~torch.isfinite(t) | (t.abs() > HALF_MAX)
+        if bool(bad.any()):
+            raise ValueError(f"INT4 {name} are fp16 values: got {t[bad].flatten()[0].item()!r} "
+                             f"(not finite, or beyond +-{HALF_MAX:g})")
+    mins = mins.float()
+    m = mins.half()
+    if cover:
+        below = m.float() > mins
+        m = torch.where(below, torch.nextafter(m, torch.full_like(m, -HALF_MAX)), m)
+    m = m.float()
+    want = scales.float() + (((mins - m) / INT4_MAX_CODE).clamp_min(0) if cover else 0)
+    s = torch.where(want > 0, want.clamp(HALF_TINY, HALF_MAX), want).half()
+    if cover:
+        s = torch.where(s.float() < want, torch.nextafter(s, torch.full_like(s, HALF_MAX)), s)
+    return s.float(), m
 
 
 def quantize_int8(w: torch.Tensor, group_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -44,7 +72,8 @@ def dequantize_int8(qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 def quantize_int4(w: torch.Tensor, group_size: int = 128) -> tuple[torch.Tensor, ...]:
     """w [N, K] float -> (packed [N, K // 2] uint8, scales [N, K // group_size] float32,
-    mins [N, K // group_size] float32).
+    mins [N, K // group_size] float32), min and max rounding on an fp16 grid that covers
+    each group (:func:`half_grid`): every weight within half a step of its value.
 
     K must be a multiple of group_size (ValueError otherwise: padding K would change the
     layer's shape, so pad the weight yourself if you must). group_size must be a power of
@@ -58,9 +87,9 @@ def quantize_int4(w: torch.Tensor, group_size: int = 128) -> tuple[torch.Tensor,
     if k % group_size:
         raise ValueError(f"in_features {k} is not a multiple of group_size {group_size}")
     groups = w.float().reshape(n, k // group_size, group_size)
-    mins = groups.amin(dim=-1)
-    # A constant group gets a tiny positive scale: every code is 0 and dequantizes to min.
-    scales = ((groups.amax(dim=-1) - mins) / INT4_MAX_CODE).clamp_min(torch.finfo(torch.float32).tiny)
+    # A constant group gets a tiny positive scale: its codes dequantize to within half a step.
+    scales = ((groups.amax(dim=-1) - groups.amin(dim=-1)) / INT4_MAX_CODE).clamp_min(HALF_TINY)
+    scales, mins = half_grid(scales, groups.amin(dim=-1), cover=True)
     codes = torch.round((groups - mins[..., None]) / scales[..., None]).clamp_(0, INT4_MAX_CODE)
     codes = codes.to(torch.uint8).reshape(n, k)
     packed = codes[:, 0::2] | (codes[:, 1::2] << 4)

@@ -24,7 +24,8 @@
 typedef struct {        /* one packed projection (linear.py's PackedWeight) */
     int64_t fmt, n, k, group;   /* fmt: linear.c's format code, or FMT_W8A8 (group: x's, K for one scale a row) */
     const void *data;
-    const float *scales, *mins, *bias;
+    const void *scales, *mins;  /* int8: float32 scales; int4: fp16 scales and mins; W8A8: float32, int32 */
+    const float *bias;
     const float *input_scale;   /* [k] or NULL: y = (x / input_scale) W^T (+ bias) */
 } fleet_weight_t;
 
@@ -53,7 +54,7 @@ int fleet_paged_decode_f32(const float *q, int64_t q_stride, const float *k_cach
 int fleet_linear_w8a8(const float *x, int64_t M, int64_t N, int64_t K, int64_t G, const int8_t *codes,
                       const float *scales, const int32_t *comps, const float *bias, float *out, int num_threads);
 int fleet_linear(int fmt, const float *x, int64_t M, int64_t N, int64_t K, int64_t G, const void *data,
-                 const float *scales, const float *mins, const float *bias, float *out, int num_threads);
+                 const void *scales, const void *mins, const float *bias, float *out, int num_threads);
 int fleet_linear_silu_mul(const float *x, int64_t M, int64_t N, int64_t K, const void *data, const float *bias,
                           float *out, int num_threads);
 

@@ -181,8 +181,7 @@ AI void nibbles_row(const int pf, vf acc[RB][2], const float *x, const tile_t *t
             e1 = vf_fmadd(xe, lo, e1);
             o1 = vf_fmadd(xo, hi, o1);
         }
-        load_pair(t->scales + g * TILE, s);
-        load_pair(t->mins + g * TILE, m);
+        group_scales(FMT_INT4, t, g, s, m);
         const vf xs = vf_set1(t->xsum[g]);
         acc[0][0] = vf_fmadd(xs, m[0], vf_fmadd(vf_add(e0, o0), s[0], acc[0][0]));
         acc[0][1] = vf_fmadd(xs, m[1], vf_fmadd(vf_add(e1, o1), s[1], acc[0][1]));
@@ -208,8 +207,7 @@ AI void accumulate_int4_folded(const int pf, const int R, vf acc[RB][2], const f
                 fma_rows(R, p + (j + 1) % S * R, x, ldx, k + j + 1, w + 2);
             }
         }
-        load_pair(t->scales + g * TILE, s);
-        load_pair(t->mins + g * TILE, m);
+        group_scales(FMT_INT4, t, g, s, m);
         for (int r = 0; r < R; r++) {
             const vf xs = vf_set1(t->xsum[r * (K / G) + g]);
             for (int h = 0; h < 2; h++) {
@@ -255,15 +253,14 @@ AI void accumulate(const int fmt, const int pf, const int R, vf acc[RB][2], cons
             span(FMT_CODES8, span_pf, R, S, acc, x, ldx, t, 0, K, s, m);
             break;
         }
-        if (fmt >= FMT_INT8) load_pair(t->scales + g * TILE, s);
-        if (fmt == FMT_INT4) load_pair(t->mins + g * TILE, m);
+        group_scales(fmt, t, g, s, m);
         span(fmt, span_pf, R, S, acc, x, ldx, t, k0, k0 + G, s, m);
     }
     for (int j = 1; j < S; j++)
         for (int r = 0; r < R; r++)
             for (int h = 0; h < 2; h++) acc[r][h] = vf_add(acc[r][h], acc[j * R + r][h]);
     if (channel) {
-        load_pair(t->scales, s);
+        load_pair(t->scales, s);   /* per-channel int8: float32 */
         for (int r = 0; r < R; r++)
             for (int h = 0; h < 2; h++) acc[r][h] = vf_mul(acc[r][h], s[h]);
     }
@@ -571,8 +568,7 @@ static void decode_tile(int fmt, const tile_t *t, float *buf) {
         return;
     }
     for (int64_t g = 0, k0 = 0; k0 < K; g++, k0 += G) {
-        if (fmt == FMT_INT8 || fmt == FMT_INT4) load_pair(t->scales + g * TILE, s);
-        if (fmt == FMT_INT4) load_pair(t->mins + g * TILE, m);
+        group_scales(fmt, t, g, s, m);
         for (int64_t k = k0; k < k0 + G; k += step) {
             switch (fmt) {   /* constant formats, so that each case inlines its own decode */
             case FMT_BF16: decode(FMT_BF16, 0, t, k, s, m, w); break;
@@ -619,7 +615,7 @@ static float *group_sums(const float *x, int64_t M, int64_t K, int64_t G) {
 int fleet_linear_supported(int fmt) { return fmt >= 0 && fmt < FMT_COUNT; }
 
 int fleet_linear(int fmt, const float *x, int64_t M, int64_t N, int64_t K, int64_t G, const void *data,
-                 const float *scales, const float *mins, const float *bias, float *out, int num_threads) {
+                 const void *scales, const void *mins, const float *bias, float *out, int num_threads) {
     if (!fleet_linear_supported(fmt) || K < 1 || N < 1 || M < 0) return 1;
     if (fmt >= FMT_INT8 && (G < 1 || K % G || (fmt == FMT_INT4 && G % 8))) return 2;
     if (fmt == FMT_BF16 && M >= AMX_ROWS && !fleet_linear_amx(x, M, N, K, data, bias, out, num_threads)) return 0;
@@ -776,7 +772,7 @@ int fleet_linear_tuning(int far, int pairs, int wide, int one) {
 }
 
 int fleet_linear(int fmt, const float *x, int64_t M, int64_t N, int64_t K, int64_t G, const void *data,
-                 const float *scales, const float *mins, const float *bias, float *out, int num_threads) {
+                 const void *scales, const void *mins, const float *bias, float *out, int num_threads) {
     (void)fmt; (void)x; (void)M; (void)N; (void)K; (void)G; (void)data; (void)scales; (void)mins;
     (void)bias; (void)out; (void)num_threads;
     return 1;

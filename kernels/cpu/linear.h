@@ -39,13 +39,13 @@ int fleet_bf16dot_amx(const float *x, int64_t M, int64_t N, int64_t K, const uin
 int fleet_amx_split_rows(int fmt);   /* the rows from which fmt's calls take the AMX path, else 0 */
 int fleet_amx_w8a8_rows(void);       /* the rows from which W8A8 calls (one x scale a row) take it, else 0 */
 int fleet_linear_amx_split(int fmt, const float *x, int64_t M, int64_t N, int64_t K, int64_t G, const void *data,
-                           const float *scales, const float *mins, const float *bias, float *out, int num_threads);
+                           const void *scales, const void *mins, const float *bias, float *out, int num_threads);
 
 /* Per-channel int8 and int4 calls (fleet_digits_take) of at least fleet_digit_tuning(-1)
  * rows (0: none) on CPUs with AVX512_VNNI and no AMX: x as two bytes a value, integer dot
  * products (linear_digits.c); nonzero when it did not run. */
 int fleet_linear_digits(int fmt, const float *x, int64_t M, int64_t N, int64_t K, int64_t G, const void *data,
-                        const float *scales, const float *mins, const float *bias, float *out, int num_threads);
+                        const void *scales, const void *mins, const float *bias, float *out, int num_threads);
 int fleet_digits_take(int fmt, int64_t K, int64_t G);   /* x's group (64 or 32), 0: not taken */
 int fleet_digit_tuning(int rows);
 

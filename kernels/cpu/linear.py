@@ -7,7 +7,8 @@
 - bf16: data [NT, K, TILE] bfloat16 (rounded to nearest even)
 - int8: data [NT, K, TILE] int8, scales [NT, K // G, TILE] float32 (w = q * scale)
 - int4: data [NT, K // 2, TILE] uint8, one byte per (k pair, channel): the even k in the low
-  nibble, the odd k in the high one; scales and mins [NT, K // G, TILE] (w = q * scale + min)
+  nibble, the odd k in the high one; scales and mins [NT, K // G, TILE] float16 (w = q * scale
+  + min; the canonical values are fp16 already, :func:`kernels.quantize.half_grid`)
 
 NT = ceil(N / TILE); the padding channels are zero and never written out.
 
@@ -31,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.cpu import process_kernels
-from kernels.quantize import dequantize_int4, dequantize_int8
+from kernels.quantize import dequantize_int4, dequantize_int8, half_grid
 
 TILE = 32
 FORMATS = ("f32", "bf16", "int8", "int4")    # the formats of linear(), in linear.c's order
@@ -102,7 +103,9 @@ def pack_int8(qweight: torch.Tensor, scale: torch.Tensor) -> PackedWeight:
 
 
 def pack_int4(packed: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, group_size: int) -> PackedWeight:
-    """quantize_int4's output: packed [N, K // 2] uint8, scales and mins [N, K // group_size]."""
+    """quantize_int4's output: packed [N, K // 2] uint8, scales and mins [N, K // group_size],
+    kept as float16 (the values the quantizers give are fp16 already; others round to nearest,
+    ValueError beyond fp16's range)."""
     n, half = _check_weight(packed, "packed")
     k = 2 * half
     if packed.dtype != torch.uint8:
@@ -113,8 +116,8 @@ def pack_int4(packed: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, gr
     shape = (n, k // group_size)
     if tuple(scales.shape) != shape or tuple(mins.shape) != shape:
         raise ValueError(f"scales/mins must be {shape}, got {tuple(scales.shape)}, {tuple(mins.shape)}")
-    return PackedWeight("int4", n, k, group_size, _tiles(packed.detach()), _tiles(scales.detach().float()),
-                        _tiles(mins.detach().float()))
+    scales, mins = half_grid(scales.detach().float(), mins.detach().float())
+    return PackedWeight("int4", n, k, group_size, _tiles(packed.detach()), _tiles(scales.half()), _tiles(mins.half()))
 
 
 def pack_w8a8(qweight: torch.Tensor, scale: torch.Tensor, group: int | None = None) -> PackedWeight:
@@ -247,7 +250,7 @@ def tuning(*, prefetch_far: bool | None = None, f32_pairs: bool | None = None,
 
 @functools.cache
 def supported(fmt: str) -> bool:
-    """The kernels built and this CPU runs ``fmt``'s fast path (AVX-512 F/BW or AVX2 with FMA; "w8a8":
+    """The kernels built and this CPU runs ``fmt``'s fast path (AVX-512 F/BW or AVX2 with FMA and F16C; "w8a8":
     :func:`w8a8_supported`). Asked once per format and process (the library is built once)."""
     if fmt == "w8a8":
         return w8a8_supported()

@@ -120,8 +120,7 @@ AI void split_tile(const int fmt, const tile_t *t, uint16_t *vh, uint16_t *vl) {
     vf w[4], s[2] = {vf_zero(), vf_zero()}, m[2] = {s[0], s[1]};
     const int64_t K = t->k, G = fmt == FMT_CODES8 ? K : t->group;
     for (int64_t g = 0, k0 = 0; k0 < K; g++, k0 += G) {
-        if (fmt != FMT_CODES8) load_pair(t->scales + g * TILE, s);
-        if (fmt == FMT_INT4) load_pair(t->mins + g * TILE, m);
+        if (fmt != FMT_CODES8) group_scales(fmt, t, g, s, m);
         for (int64_t k = k0; k < k0 + G; k += 2) {
             decode(fmt, 0, t, k, s, m, w);
             if (fmt != FMT_INT4) decode(fmt, 0, t, k + 1, s, m, w + 2);
@@ -326,7 +325,7 @@ int fleet_amx_w8a8_rows(void) { return fleet_amx_ready() ? AMX_W8A8_ROWS : 0; }
 
 /* int8 / int4 (fleet_linear's formats and arguments) with x and w split into bf16 hi + lo. */
 int fleet_linear_amx_split(int fmt, const float *x, int64_t M, int64_t N, int64_t K, int64_t G, const void *data,
-                           const float *scales, const float *mins, const float *bias, float *out, int num_threads) {
+                           const void *scales, const void *mins, const float *bias, float *out, int num_threads) {
     if (K % 32 || M < 1 || !fleet_amx_ready()) return 1;
     const int channel = fmt == FMT_INT8 && G == K;   /* bare codes: no lo part, the scale after the sum */
     const int planes = channel ? 1 : 2;
@@ -361,7 +360,7 @@ int fleet_linear_amx_split(int fmt, const float *x, int64_t M, int64_t N, int64_
                         split_block(xb + r0 * K, xb + Mp * K + r0 * K, vh, channel ? NULL : vh + K * TILE, K, c);
                         const int rows = M - r0 < 32 ? (int)(M - r0) : 32;
                         const int cols = tile_cols(N, i);
-                        store_block(c, rows, cols, channel ? scales + i * TILE : NULL, bias ? bias + i * TILE : NULL,
+                        store_block(c, rows, cols, channel ? (const float *)scales + i * TILE : NULL, bias ? bias + i * TILE : NULL,
                                     out + r0 * N + i * TILE, N);
                     }
             }
@@ -442,7 +441,7 @@ int fleet_amx_split_rows(int fmt) { (void)fmt; return 0; }
 int fleet_amx_w8a8_rows(void) { return 0; }
 
 int fleet_linear_amx_split(int fmt, const float *x, int64_t M, int64_t N, int64_t K, int64_t G, const void *data,
-                           const float *scales, const float *mins, const float *bias, float *out, int num_threads) {
+                           const void *scales, const void *mins, const float *bias, float *out, int num_threads) {
     (void)fmt; (void)x; (void)M; (void)N; (void)K; (void)G; (void)data; (void)scales; (void)mins; (void)bias;
     (void)out; (void)num_threads;
     return 1;

@@ -138,7 +138,7 @@ typedef struct {            /* one block of rows against one laid-out tile */
     int64_t K, G, xg;           /* G: the weight's group (int4), K for per-channel int8; xg: x's */
     const int8_t *w;            /* tile_layout's codes */
     const int32_t *comp;
-    const float *scales, *mins; /* the tile's: [1][32] (int8), [K / G][32] (int4) */
+    const void *scales, *mins;  /* the tile's: [1][32] float32 (int8), [K / G][32] fp16 (int4) */
 } dblock_t;
 
 /* int4's group g of x (in weight group g * xg / G): y += (acc - comp) * xs * scale + xsum * min. */
@@ -146,7 +146,8 @@ AI void fold_int4(const int R, __m512i (*acc)[2], const dblock_t *d, int64_t g, 
     const int64_t groups = d->K / d->xg, wg = g * d->xg / d->G;
     for (int h = 0; h < 2; h++) {
         const __m512i c = _mm512_loadu_si512(d->comp + g * TILE + 16 * h);
-        const vf s = vf_load(d->scales + wg * TILE + 16 * h), m = vf_load(d->mins + wg * TILE + 16 * h);
+        const vf s = vf_from_f16((const uint16_t *)d->scales + wg * TILE + 16 * h),
+                 m = vf_from_f16((const uint16_t *)d->mins + wg * TILE + 16 * h);
         for (int r = 0; r < R; r++) {
             const vf sx = vf_mul(s, vf_set1(d->xs[r * groups + g]));
             y[r][h] = vf_fmadd(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r][h], c)), sx, y[r][h]);
@@ -186,7 +187,7 @@ static const digit_fn int8_blocks[DB + 1] = {NULL, int8_1, int8_2, int8_3, int8_
 static const digit_fn int4_blocks[DB + 1] = {NULL, int4_1, int4_2, int4_3, int4_4, int4_5, int4_6};
 
 int fleet_linear_digits(int fmt, const float *x, int64_t M, int64_t N, int64_t K, int64_t G, const void *data,
-                        const float *scales, const float *mins, const float *bias, float *out, int num_threads) {
+                        const void *scales, const void *mins, const float *bias, float *out, int num_threads) {
     const int64_t xg = x_group(fmt, K, G);
     if (!xg || M < 1 || N < 1 || fleet_amx_ready()) return 1;
     const int64_t tiles = (N + TILE - 1) / TILE, groups = K / xg, wgroups = fmt == FMT_INT4 ? K / G : 1;
@@ -213,7 +214,9 @@ int fleet_linear_digits(int fmt, const float *x, int64_t M, int64_t N, int64_t K
                 for (int64_t b = 0, r0 = 0; b < blocks; b++) {
                     const int R = pass_rows(M, r0, blocks, b);
                     const dblock_t d = {hi + r0 * K, lo + r0 * K, xs + r0 * groups, xsum + r0 * groups, K, G, xg, w, comp,
-                                        scales + i * wgroups * TILE, mins ? mins + i * wgroups * TILE : NULL};
+                                        fmt == FMT_INT4 ? (const void *)((const uint16_t *)scales + i * wgroups * TILE)
+                                                        : (const void *)((const float *)scales + i * TILE),
+                                        mins ? (const uint16_t *)mins + i * wgroups * TILE : NULL};
                     (fmt == FMT_INT8 ? int8_blocks : int4_blocks)[R](&d, bias ? bias + i * TILE : NULL,
                                                                       out + r0 * N + i * TILE, N, cols);
                     r0 += R;
@@ -240,7 +243,7 @@ int fleet_digit_tuning(int rows) {
 
 #else   /* no AVX512_VNNI here: int8 and int4 keep linear.c's float path */
 int fleet_linear_digits(int fmt, const float *x, int64_t M, int64_t N, int64_t K, int64_t G, const void *data,
-                        const float *scales, const float *mins, const float *bias, float *out, int num_threads) {
+                        const void *scales, const void *mins, const float *bias, float *out, int num_threads) {
     (void)fmt, (void)x, (void)M, (void)N, (void)K, (void)G, (void)data, (void)scales, (void)mins, (void)bias;
     (void)out, (void)num_threads;
     return 1;

@@ -2,8 +2,8 @@
  * is written once for two instruction sets.
  *
  *   FLEET_AVX512  AVX-512 F and BW: vf is one zmm register.
- *   FLEET_AVX2    AVX2 with FMA (AMD Zen 1-3, Intel before Skylake-SP): vf is two ymm
- *                 registers; every operation is the same per 8-lane half.
+ *   FLEET_AVX2    AVX2 with FMA and F16C (AMD Zen 1-3, Intel before Skylake-SP): vf is two
+ *                 ymm registers; every operation is the same per 8-lane half.
  *
  * FLEET_SIMD is set when either is; without it the kernels keep their portable loops (or
  * report that they do not run). Both are chosen at build time (-march=native).
@@ -15,7 +15,7 @@
 
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 #define FLEET_AVX512 1
-#elif defined(__AVX2__) && defined(__FMA__)
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define FLEET_AVX2 1
 #endif
 
@@ -58,6 +58,7 @@ AI vf vf_from_bf16(const uint16_t *p) {
     const __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
     return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
 }
+AI vf vf_from_f16(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
 /* The low and the high nibbles of 16 bytes, as floats: each a lookup in a register of the 16
  * values (vpermps reads an index's low 4 bits, so the low nibble needs no mask), the same
  * floats as converting, in fewer instructions. */
@@ -165,6 +166,9 @@ AI vf vf_from_bf16(const uint16_t *p) {
     const __m128i a = _mm_loadu_si128((const __m128i *)p), b = _mm_loadu_si128((const __m128i *)(p + 8));
     return VF2(_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(a), 16)),
                _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(b), 16)));
+}
+AI vf vf_from_f16(const uint16_t *p) {
+    return VF2(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 8))));
 }
 AI void vf_from_nibbles(const uint8_t *p, vf *lo, vf *hi) {
     const __m256i a = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)),

@@ -10,7 +10,7 @@
 #if defined(FLEET_SIMD)
 typedef struct {        /* one tile of a packed weight */
     const void *data;   /* the codes or weights of the tile */
-    const float *scales, *mins;   /* [K / G][TILE] each, int8/int4 */
+    const void *scales, *mins;    /* [K / G][TILE] each: int8's scales float32, int4's scales and mins fp16 */
     int64_t k, group;
     const float *xsum;  /* int4, at most RB / 2 rows: [rows][K / G] sums of x over each group */
     pf_t pf;            /* prefetched beside the k loop (linear.h) */
@@ -43,6 +43,21 @@ AI void load_pair(const float *p, vf v[2]) {
     v[1] = vf_load(p + 16);
 }
 
+AI void f16_pair(const uint16_t *p, vf v[2]) {
+    v[0] = vf_from_f16(p);
+    v[1] = vf_from_f16(p + 16);
+}
+
+/* Group g's 32 scales into s (int8, int4) and mins into m (int4), as float32. */
+AI void group_scales(const int fmt, const tile_t *t, int64_t g, vf s[2], vf m[2]) {
+    if (fmt == FMT_INT4) {
+        f16_pair((const uint16_t *)t->scales + g * TILE, s);
+        f16_pair((const uint16_t *)t->mins + g * TILE, m);
+    } else if (fmt == FMT_INT8) {
+        load_pair((const float *)t->scales + g * TILE, s);
+    }
+}
+
 /* The weights of one k (f32, bf16, int8) into w[0..1], or of the k pair at k (int4) into w[0..3]. */
 AI void decode(const int fmt, const int pf, const tile_t *t, int64_t k, const vf s[2], const vf m[2], vf *w) {
     if (pf) pf_k(t->pf, k, fmt == FMT_INT4 ? 2 : 1);
@@ -58,13 +73,13 @@ AI int64_t tile_bytes(int fmt, int64_t K) {
     return K * TILE * bits[fmt] / 8;
 }
 
-/* Tile i of the packed weight: its bytes and scales. */
-AI tile_t tile_at(int fmt, const void *data, const float *scales, const float *mins, int64_t K, int64_t G,
+/* Tile i of the packed weight: its bytes and scales (int4's two bytes each). */
+AI tile_t tile_at(int fmt, const void *data, const void *scales, const void *mins, int64_t K, int64_t G,
                       int64_t i) {
-    const int64_t groups = G ? K / G : 0;
+    const int64_t bytes = (G ? K / G : 0) * TILE * (fmt == FMT_INT4 ? 2 : 4);
     tile_t t = {(const char *)data + i * tile_bytes(fmt, K), NULL, NULL, K, G, NULL, {NULL, 0}};
-    if (scales) t.scales = scales + i * groups * TILE;
-    if (mins) t.mins = mins + i * groups * TILE;
+    if (scales) t.scales = (const char *)scales + i * bytes;
+    if (mins) t.mins = (const char *)mins + i * bytes;
     return t;
 }
 

@@ -98,6 +98,8 @@ def test_saved_quantized_checkpoint_reloads_identically(tiny_qwen_dir, tmp_path,
     layer = a.layers[0].qkv
     assert isinstance(layer, Int4Linear if spec == "int4" else Int8Linear)
     assert (layer.input_scale is not None) == calibrated
+    if spec == "int4":   # fp16 values (the CPU kernels keep them in two bytes)
+        assert torch.equal(layer.scales.half().float(), layer.scales) and torch.equal(layer.mins.half().float(), layer.mins)
     save_quantized(a, spec, tmp_path)
     b = LLM(tiny_qwen_dir, kv_cache_memory=8 << 20).engine.model
     assert load_quantized(b, tmp_path) == parse_method(spec).stored
@@ -130,6 +132,29 @@ def test_a_format1_checkpoint_of_bare_int4_loads_as_groups_of_128(tmp_path):
     keys = {spec: cache_path(b, spec, model_dir) for spec in ("int4", "int4+head", "int4-g32", "int4-g128")}
     assert keys["int4"] == keys["int4+head"] == keys["int4-g32"] != keys["int4-g128"]
     assert "-int4-g32-" in keys["int4"].name
+
+
+def test_int4_scales_and_mins_finer_than_fp16_in_a_checkpoint_load_rounded_to_it(tiny_qwen_dir, tmp_path):
+    """Checkpoints written before int4's grid became fp16 (2026-12-07) hold finer float32
+    values: loading rounds them to nearest, so the torch path, the GPU and the CPU kernels
+    (which keep fp16) compute with the same numbers."""
+    from safetensors.torch import load_file, save_file
+
+    from gpu_worker.model.quant.checkpoint import CHECKPOINT_FILE
+
+    a = LLM(tiny_qwen_dir, kv_cache_memory=8 << 20).engine.model
+    quantize_model(a, "int4")
+    save_quantized(a, "int4", tmp_path)
+    state = load_file(str(tmp_path / CHECKPOINT_FILE))
+    name = next(k for k in state if k.endswith("qkv.scales"))
+    state[name] = state[name] * (1 + 3e-4)
+    state[name.replace("scales", "mins")] += 1e-5
+    save_file(state, str(tmp_path / CHECKPOINT_FILE))
+    b = LLM(tiny_qwen_dir, kv_cache_memory=8 << 20).engine.model
+    load_quantized(b, tmp_path)
+    qkv = b.get_submodule(name.rsplit(".", 1)[0])
+    assert torch.equal(qkv.scales, state[name].half().float())
+    assert torch.equal(qkv.mins, state[name.replace("scales", "mins")].half().float())
 
 
 def test_activation_aware_scales_cut_the_output_error_on_unseen_rows():

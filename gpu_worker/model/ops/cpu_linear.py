@@ -50,7 +50,7 @@ def kernel_runs(fmt: str, instead: str) -> bool:
         _reported.add(fmt)
         flags = cpu_flags()
         have = [f for f in ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni") if f in flags]
-        need = "AVX512_VNNI or AVX2" if fmt == "w8a8" else "AVX-512 F/BW or AVX2 with FMA"
+        need = "AVX512_VNNI or AVX2" if fmt == "w8a8" else "AVX-512 F/BW or AVX2 with FMA and F16C"
         logger.warning("packed %s weights: the kernel does not run here (it needs the C kernels built and %s; "
                        "this CPU has %s); %s", fmt, need, ", ".join(have) or "none of them", instead)
     return False

@@ -12,8 +12,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from kernels.quantize import half_grid
 from gpu_worker.model.ops.cpu_linear import CpuPackedLinear
-from gpu_worker.model.quant.quantize import empty_quantized, swap_linears, uses_triton, parse_method
+from gpu_worker.model.quant.quantize import Int4Linear, empty_quantized, swap_linears, uses_triton, parse_method
 
 CHECKPOINT_FILE = "quantized.safetensors"
 CHECKPOINT_META = "quantization.json"
@@ -48,7 +49,8 @@ def save_quantized(model: nn.Module, spec: str, directory: str | Path,
 def load_quantized(model: nn.Module, directory: str | Path, *, use_triton: bool | None = None) -> str:
     """Swap model's Linear modules for empty quantized ones and load a checkpoint written by
     :func:`save_quantized`; returns its quantization spec, int4's group spelled out (a
-    format-1 header's bare ``int4`` was group 128). ValueError if none is there."""
+    format-1 header's bare ``int4`` was group 128). int4 scales and mins are rounded to fp16
+    (``half_grid``), the format's grid since 2026-12-07. ValueError if none is there."""
     from safetensors.torch import load_file
 
     directory = Path(directory)
@@ -69,6 +71,9 @@ def load_quantized(model: nn.Module, directory: str | Path, *, use_triton: bool 
     missing = [k for k in missing if not (k == "lm_head" and model.cfg.tie_word_embeddings)]
     if missing or unexpected:
         raise ValueError(f"checkpoint mismatch: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    for mod in model.modules():   # int4's grid is fp16 (a no-op on checkpoints written since 2026-12-07)
+        if isinstance(mod, Int4Linear):
+            mod.scales, mod.mins = half_grid(mod.scales, mod.mins)
     return spec
 
 
