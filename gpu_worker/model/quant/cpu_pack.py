@@ -1,13 +1,15 @@
 """Pack a quantized model for the CPU: every :class:`Int8Linear` / :class:`Int4Linear` (the
 projections and a quantized LM head) becomes a
 :class:`~gpu_worker.model.ops.cpu_linear.CpuPackedLinear` over the same codes, scales and
-minima in the kernels' tiles (``kernels/cpu/linear.py``), so a decode step reads 1 (INT8)
-or ~0.56 (INT4) bytes a weight instead of dequantizing to float32 first.
+minima in the kernels' tiles (``kernels/cpu/linear.py``), so a decode step reads 1 (INT8) or
+0.625 (INT4 in groups of 32, scale and min in fp16) bytes a weight instead of dequantizing to
+float32 first.
 
 Packing only rearranges the canonical tensors: the numbers the kernels compute with are the
-ones a checkpoint holds, and the results differ from the dequantize-then-matmul path by
-float32 summation order only. Where a format's kernel does not run on this CPU, its modules
-stay as they are (dequantize-then-matmul) and the log says so once.
+ones a checkpoint holds (INT4's scales and mins are fp16 values, kept as fp16 in the tiles),
+and the results differ from the dequantize-then-matmul path by float32 summation order only.
+Where a format's kernel does not run on this CPU, its modules stay as they are
+(dequantize-then-matmul) and the log says so once.
 """
 from __future__ import annotations
 
