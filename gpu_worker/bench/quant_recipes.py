@@ -44,7 +44,7 @@ from gpu_worker.model.quant.int8_fit import fit_int8
 from gpu_worker.model.quant.quantize import INT4_GROUP, _projections, int4_group_for, parse_method
 from gpu_worker.model.quant.smooth import smoothed_int8
 from kernels.cpu.linear import quantize_rows
-from kernels.quantize import dequantize_int4, dequantize_int8, quantize_int8
+from kernels.quantize import dequantize_int4, dequantize_int8, half_grid, quantize_int8
 
 logger = logging.getLogger(__name__)
 
@@ -78,9 +78,12 @@ def fake_quantize(w: torch.Tensor, part: str, inputs: LayerInputs | None) -> tup
     g = int4_group_for(k, group)
     if variant == "rtn":
         packed, scales, mins = fit_int4(w, g)
-        return dequantize_int4(packed, scales, mins, g), n * k // 2 + 8 * scales.numel()
-    packed, scales, mins, s = gptq.calibrated_int4(w, inputs, g)
-    return dequantize_int4(packed, scales, mins, g) / s, n * k // 2 + 8 * scales.numel() + 4 * k
+        s = None
+    else:
+        packed, scales, mins, s = gptq.calibrated_int4(w, inputs, g)
+    scales, mins = half_grid(scales, mins)   # as quantize.py's modules: the fit, then fp16 (2 bytes each)
+    w_hat = dequantize_int4(packed, scales, mins, g)
+    return (w_hat, n * k // 2 + 4 * scales.numel()) if s is None else (w_hat / s, n * k // 2 + 4 * scales.numel() + 4 * k)
 
 
 def w8a8_group(part: str) -> int | None:
