@@ -82,8 +82,8 @@ def fake_quantize(w: torch.Tensor, part: str, inputs: LayerInputs | None) -> tup
     else:
         packed, scales, mins, s = gptq.calibrated_int4(w, inputs, g)
     scales, mins = half_grid(scales, mins)   # as quantize.py's modules: the fit, then fp16 (2 bytes each)
-    w_hat = dequantize_int4(packed, scales, mins, g)
-    return (w_hat, n * k // 2 + 4 * scales.numel()) if s is None else (w_hat / s, n * k // 2 + 4 * scales.numel() + 4 * k)
+    w_hat, nbytes = dequantize_int4(packed, scales, mins, g), n * k // 2 + 4 * scales.numel()
+    return (w_hat, nbytes) if s is None else (w_hat / s, nbytes + 4 * k)
 
 
 def w8a8_group(part: str) -> int | None:

@@ -53,6 +53,7 @@ int fleet_digits_take(int fmt, int64_t K, int64_t G) {
 #if defined(FLEET_AVX512) && defined(__AVX512VNNI__) && defined(__AVX512DQ__)
 #include <math.h>
 #include <omp.h>
+#include "tile_decode.h"
 #define DB 6            /* rows a block: 24 accumulators (12 int32 of a group, 12 float totals) */
 
 /* Row r of x [M][K] as the two digit planes hi, lo [M][K], scales xs [M][K / xg] and xsum =
@@ -190,8 +191,7 @@ int fleet_linear_digits(int fmt, const float *x, int64_t M, int64_t N, int64_t K
                         const void *scales, const void *mins, const float *bias, float *out, int num_threads) {
     const int64_t xg = x_group(fmt, K, G);
     if (!xg || M < 1 || N < 1 || fleet_amx_ready()) return 1;
-    const int64_t tiles = (N + TILE - 1) / TILE, groups = K / xg, wgroups = fmt == FMT_INT4 ? K / G : 1;
-    const int64_t bytes = fmt == FMT_INT4 ? K / 2 * TILE : K * TILE;   /* of a packed tile */
+    const int64_t tiles = (N + TILE - 1) / TILE, groups = K / xg;
     uint8_t *planes = malloc((size_t)(2 * M * K));
     float *xs = malloc((size_t)(2 * M * groups) * sizeof(float));
     int failed = !planes || !xs;
@@ -208,15 +208,14 @@ int fleet_linear_digits(int fmt, const float *x, int64_t M, int64_t N, int64_t K
             #pragma omp for schedule(dynamic, 1)
             for (int64_t i = 0; i < tiles; i++) {
                 if (!w || !comp) continue;
-                tile_layout(fmt, (const uint8_t *)data + i * bytes, K, xg, w, comp);
+                const tile_t t = tile_at(fmt, data, scales, mins, K, G, i);   /* its codes, scales and mins */
+                tile_layout(fmt, t.data, K, xg, w, comp);
                 const int cols = tile_cols(N, i);
                 const int64_t blocks = (M + DB - 1) / DB;
                 for (int64_t b = 0, r0 = 0; b < blocks; b++) {
                     const int R = pass_rows(M, r0, blocks, b);
                     const dblock_t d = {hi + r0 * K, lo + r0 * K, xs + r0 * groups, xsum + r0 * groups, K, G, xg, w, comp,
-                                        fmt == FMT_INT4 ? (const void *)((const uint16_t *)scales + i * wgroups * TILE)
-                                                        : (const void *)((const float *)scales + i * TILE),
-                                        mins ? (const uint16_t *)mins + i * wgroups * TILE : NULL};
+                                        t.scales, t.mins};
                     (fmt == FMT_INT8 ? int8_blocks : int4_blocks)[R](&d, bias ? bias + i * TILE : NULL,
                                                                       out + r0 * N + i * TILE, N, cols);
                     r0 += R;
