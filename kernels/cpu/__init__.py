@@ -38,6 +38,12 @@ HEADERS = ("simd.h", "paged.h", "linear.h", "tile_decode.h")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC", "-std=gnu11")
 _P, _I64 = ctypes.c_void_p, ctypes.c_int64
 _LINEAR_FORMATS = {"f32": 0, "bf16": 1, "int8": 2, "int4": 3}   # linear.c's format codes (linear.FORMATS)
+INT4_QUADS = 5   # linear.c's code for int4 packed as quads (linear.pack_int4; FMT_INT4Q)
+
+
+def linear_code(w) -> int:
+    """linear.c's format code for a linear.PackedWeight (int4 quads apart)."""
+    return INT4_QUADS if w.quads else _LINEAR_FORMATS[w.fmt]
 
 
 class CpuKernels:
@@ -73,6 +79,7 @@ class CpuKernels:
         self._decode_tuning = _fn(lib.fleet_paged_decode_tuning, ctypes.c_int, ctypes.c_int)
         self._digit_tuning = _fn(lib.fleet_digit_tuning, ctypes.c_int)
         self._digits_take = _fn(lib.fleet_digits_take, ctypes.c_int, _I64, _I64)
+        self._int4_quads = _fn(lib.fleet_int4_quads, _I64, _I64)
         self._w8a8 = _fn(lib.fleet_linear_w8a8, _P, _I64, _I64, _I64, _I64, _P, _P, _P, _P, _P, ctypes.c_int)
         self._w8a8_supported = _fn(lib.fleet_linear_w8a8_supported)
         # The LM head's bf16 screen (greedy_head.c; kernels.cpu.greedy_head): "native" on
@@ -209,11 +216,18 @@ class CpuKernels:
             raise ValueError("rows must be >= 0")
         return int(self._digit_tuning(-1 if rows is None else rows))
 
-    def digit_group(self, fmt: str, k: int, group: int) -> int:
+    def digit_group(self, fmt: str, k: int, group: int, quads: bool = False) -> int:
         """x's group on the two-byte path for a linear() weight of format ``fmt`` (``int8`` with
-        ``group`` = k for per channel, ``int4``), K = ``k``: 64, 32 for int4 in groups of 32, or 0
-        where the path does not take it (``fleet_digits_take``, wherever that path runs)."""
-        return int(self._digits_take(_LINEAR_FORMATS[fmt], k, group))
+        ``group`` = k for per channel; ``int4``, packed as quads or not), K = ``k``: 64, 32 for
+        int4 in groups of 32, or 0 where the path does not take it (``fleet_digits_take``,
+        wherever that path runs; int4 in k pairs never)."""
+        return int(self._digits_take(INT4_QUADS if quads else _LINEAR_FORMATS[fmt], k, group))
+
+    def int4_quads(self, k: int, group: int) -> int:
+        """Whether int4 weights of K = ``k`` in groups of ``group`` are packed as quads in this
+        process (AVX512_VNNI, no AMX, a group a multiple of 32; ``fleet_int4_quads``): x's group
+        on their path (64, or 32 for groups of 32), else 0."""
+        return int(self._int4_quads(k, group))
 
     def decode_tuning(self, prefetch_tiles: int | None = None, prefetch_l2: bool | None = None) -> dict:
         """Sets decode attention's prefetch where not None (paged_decode.c: how many tiles of 16
@@ -226,7 +240,7 @@ class CpuKernels:
 
     def linear(self, x: torch.Tensor, w, bias: torch.Tensor | None, out: torch.Tensor) -> None:
         """out [M, N] = x [M, K] W^T (+ bias) for a checked linear.PackedWeight ``w``."""
-        rc = self._linear(_LINEAR_FORMATS[w.fmt], x.data_ptr(), x.shape[0], w.n, w.k, w.group, w.data.data_ptr(),
+        rc = self._linear(linear_code(w), x.data_ptr(), x.shape[0], w.n, w.k, w.group, w.data.data_ptr(),
                           0 if w.scales is None else w.scales.data_ptr(), 0 if w.mins is None else w.mins.data_ptr(),
                           0 if bias is None else bias.data_ptr(), out.data_ptr(), torch.get_num_threads())
         _check("linear", rc == 0, f"a format and group the kernel serves (code {rc})")

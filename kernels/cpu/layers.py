@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.cpu import _f32_dense, process_kernels
+from kernels.cpu import _f32_dense, linear_code, process_kernels
 from kernels.cpu.linear import FORMATS, PackedWeight, supported
 
 _P, _I64, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
@@ -73,8 +73,9 @@ def _weight(p: Projection, n: int, k: int, what: str) -> _Weight:
         raise ValueError(f"{what}'s bias must be a contiguous float32 [{n}] tensor")
     if p.input_scale is not None and not _f32(p.input_scale, (k,)):
         raise ValueError(f"{what}'s input scale must be a contiguous float32 [{k}] tensor")
-    return _Weight(CODES[w.fmt], w.n, w.k, w.group, w.data.data_ptr(), _ptr(w.scales), _ptr(w.mins),
-                   _ptr(p.bias), _ptr(p.input_scale))
+    code = CODES["w8a8"] if w.fmt == "w8a8" else linear_code(w)
+    return _Weight(code, w.n, w.k, w.group, w.data.data_ptr(), _ptr(w.scales), _ptr(w.mins), _ptr(p.bias),
+                   _ptr(p.input_scale))
 
 
 def available(formats: set[str]) -> bool:

@@ -616,6 +616,11 @@ int fleet_linear_supported(int fmt) { return fmt >= 0 && fmt < FMT_COUNT; }
 
 int fleet_linear(int fmt, const float *x, int64_t M, int64_t N, int64_t K, int64_t G, const void *data,
                  const void *scales, const void *mins, const float *bias, float *out, int num_threads) {
+    if (fmt == FMT_INT4Q) {   /* every call over int4 quads (linear_digits.c); 2: not quads here */
+        if (K < 1 || G < 1 || K % G) return 2;
+        const int rc = fleet_linear_quads(x, M, N, K, G, data, scales, mins, bias, out, num_threads);
+        return rc == 1 ? 2 : rc;
+    }
     if (!fleet_linear_supported(fmt) || K < 1 || N < 1 || M < 0) return 1;
     if (fmt >= FMT_INT8 && (G < 1 || K % G || (fmt == FMT_INT4 && G % 8))) return 2;
     if (fmt == FMT_BF16 && M >= AMX_ROWS && !fleet_linear_amx(x, M, N, K, data, bias, out, num_threads)) return 0;

@@ -15,6 +15,7 @@ static inline int tile_cols(int64_t N, int64_t i) {
 
 /* The formats of fleet_linear (linear.py's FORMATS, in order). */
 enum { FMT_F32 = 0, FMT_BF16 = 1, FMT_INT8 = 2, FMT_INT4 = 3, FMT_COUNT = 4,
+       FMT_INT4Q = 5,  /* int4 packed as vpdpbusd's quads (linear.py's int4 with quads; linear_digits.c) */
        FMT_CODES8 = 8 /* inside linear.c only: per-channel int8 codes, their scale applied after the K sum */ };
 
 /* bf16 calls of at least AMX_ROWS rows and W8A8 calls of at least AMX_W8A8_ROWS go to the AMX
@@ -41,12 +42,17 @@ int fleet_amx_w8a8_rows(void);       /* the rows from which W8A8 calls (one x sc
 int fleet_linear_amx_split(int fmt, const float *x, int64_t M, int64_t N, int64_t K, int64_t G, const void *data,
                            const void *scales, const void *mins, const float *bias, float *out, int num_threads);
 
-/* Per-channel int8 and int4 calls (fleet_digits_take) of at least fleet_digit_tuning(-1)
- * rows (0: none) on CPUs with AVX512_VNNI and no AMX: x as two bytes a value, integer dot
- * products (linear_digits.c); nonzero when it did not run. */
+/* Per-channel int8 calls (fleet_digits_take) of at least fleet_digit_tuning(-1) rows (0: none)
+ * on CPUs with AVX512_VNNI and no AMX: x as two bytes a value, integer dot products
+ * (linear_digits.c); nonzero when it did not run. int4 in groups of a multiple of 32 is packed
+ * as quads there (fleet_int4_quads: x's group, 0 where it is not) and every call over it runs
+ * fleet_linear_quads, the same products. */
 int fleet_linear_digits(int fmt, const float *x, int64_t M, int64_t N, int64_t K, int64_t G, const void *data,
                         const void *scales, const void *mins, const float *bias, float *out, int num_threads);
 int fleet_digits_take(int fmt, int64_t K, int64_t G);   /* x's group (64 or 32), 0: not taken */
+int fleet_int4_quads(int64_t K, int64_t G);
+int fleet_linear_quads(const float *x, int64_t M, int64_t N, int64_t K, int64_t G, const void *data,
+                       const void *scales, const void *mins, const float *bias, float *out, int num_threads);
 int fleet_digit_tuning(int rows);
 
 #if defined(FLEET_AVX512)

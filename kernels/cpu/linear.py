@@ -8,7 +8,11 @@
 - int8: data [NT, K, TILE] int8, scales [NT, K // G, TILE] float32 (w = q * scale)
 - int4: data [NT, K // 2, TILE] uint8, one byte per (k pair, channel): the even k in the low
   nibble, the odd k in the high one; scales and mins [NT, K // G, TILE] float16 (w = q * scale
-  + min; the canonical values are fp16 already, :func:`kernels.quantize.half_grid`)
+  + min; the canonical values are fp16 already, :func:`kernels.quantize.half_grid`). Where the
+  integer path takes int4 (AVX512_VNNI without AMX, G a multiple of 32: ``quads``), the same
+  bytes in the order vpdpbusd takes them instead: data [NT, K // 8, 2, 16, 4], byte [j, h, c, i]
+  holding k = 8 j + i of channel 16 h + c in its low nibble and k = 8 j + 4 + i in its high one
+  (``linear_digits.c``), and every call runs there.
 
 NT = ceil(N / TILE); the padding channels are zero and never written out.
 
@@ -48,6 +52,7 @@ class PackedWeight:
     data: torch.Tensor
     scales: torch.Tensor | None
     mins: torch.Tensor | None
+    quads: bool = False          # int4 codes in vpdpbusd's order (the module docstring)
 
 
 def _tiles(t: torch.Tensor) -> torch.Tensor:
@@ -102,10 +107,28 @@ def pack_int8(qweight: torch.Tensor, scale: torch.Tensor) -> PackedWeight:
     return PackedWeight("int8", n, k, group, _tiles(qweight.detach()), _tiles(scale), None)
 
 
-def pack_int4(packed: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, group_size: int) -> PackedWeight:
+def _to_quads(pairs: torch.Tensor) -> torch.Tensor:
+    """int4 tiles in k pairs [NT, K // 2, TILE] -> the same codes as quads [NT, K // 8, 2, 16, 4]."""
+    nt, half, _ = pairs.shape
+    q = torch.stack((pairs & 15, pairs >> 4), dim=2).reshape(nt, half // 4, 2, 4, 2, 16)   # [nt, j, hi, i, h, c]
+    return (q[:, :, 0] | (q[:, :, 1] << 4)).permute(0, 1, 3, 4, 2).contiguous()
+
+
+def _to_pairs(quads: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`_to_quads`."""
+    nt, blocks = quads.shape[:2]
+    q = torch.stack((quads & 15, quads >> 4), dim=2).permute(0, 1, 2, 5, 3, 4)   # [nt, j, hi, i, h, c]
+    q = q.reshape(nt, 8 * blocks // 2, 2, TILE)                                   # [nt, k pair, even/odd, ch]
+    return (q[:, :, 0] | (q[:, :, 1] << 4)).contiguous()
+
+
+def pack_int4(packed: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, group_size: int,
+              quads: bool | None = None) -> PackedWeight:
     """quantize_int4's output: packed [N, K // 2] uint8, scales and mins [N, K // group_size],
     kept as float16 (the values the quantizers give are fp16 already; others round to nearest,
-    ValueError beyond fp16's range)."""
+    ValueError beyond fp16's range). ``quads``: the codes in vpdpbusd's order (the module
+    docstring); None: where this process's kernels take them (:func:`int4_quads`). True where
+    they do not: ValueError."""
     n, half = _check_weight(packed, "packed")
     k = 2 * half
     if packed.dtype != torch.uint8:
@@ -117,7 +140,21 @@ def pack_int4(packed: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, gr
     if tuple(scales.shape) != shape or tuple(mins.shape) != shape:
         raise ValueError(f"scales/mins must be {shape}, got {tuple(scales.shape)}, {tuple(mins.shape)}")
     scales, mins = half_grid(scales.detach().float(), mins.detach().float())
-    return PackedWeight("int4", n, k, group_size, _tiles(packed.detach()), _tiles(scales.half()), _tiles(mins.half()))
+    here = int4_quads(k, group_size)
+    if quads and not here:
+        raise ValueError(f"int4 quads need AVX512_VNNI without AMX and groups of a multiple of 32 (K = {k}, "
+                         f"group {group_size})")
+    data = _tiles(packed.detach())
+    quads = here if quads is None else quads
+    return PackedWeight("int4", n, k, group_size, _to_quads(data) if quads else data, _tiles(scales.half()),
+                        _tiles(mins.half()), quads)
+
+
+def int4_quads(k: int, group: int) -> bool:
+    """Whether :func:`pack_int4` lays int4 weights of K = ``k`` in groups of ``group`` out as
+    quads here: AVX512_VNNI without AMX, ``group`` a multiple of 32 (``fleet_int4_quads``)."""
+    lib = _library()
+    return lib is not None and lib.int4_quads(k, group) > 0
 
 
 def pack_w8a8(qweight: torch.Tensor, scale: torch.Tensor, group: int | None = None) -> PackedWeight:
@@ -145,7 +182,7 @@ def dequantize(w: PackedWeight) -> torch.Tensor:
     if w.fmt == "w8a8":
         return dequantize_int8(_untiles(w.data.transpose(2, 3).reshape(w.data.shape[0], w.k, TILE), w.n),
                                _untiles(w.scales, w.n))
-    data = _untiles(w.data, w.n)
+    data = _untiles(_to_pairs(w.data) if w.quads else w.data, w.n)
     if w.fmt in ("f32", "bf16"):
         return data.float()
     scales = _untiles(w.scales, w.n)
@@ -169,9 +206,10 @@ def operands(x: torch.Tensor, w: PackedWeight) -> list[tuple[torch.Tensor, torch
     int8/int4 from ``amx_split_rows[fmt]`` rows x and w as bf16 hi + lo, the lo x lo product
     dropped (per-channel int8 codes are exact in bf16, so there w has no lo part); from
     ``digit_rows()`` rows on a CPU with AVX512_VNNI and no AMX, the weights that
-    :func:`takes_digits` (``linear_digits.c``): ``[(digits(x), w)]``."""
+    :func:`takes_digits` (``linear_digits.c``), and int4 quads at every row count:
+    ``[(digits(x), w)]``."""
     wd, rows, lib = dequantize(w), x.shape[0], _library()
-    if lib is not None and takes_digits(w) and 0 < lib.digit_rows() <= rows:
+    if lib is not None and takes_digits(w) and (w.quads or 0 < lib.digit_rows() <= rows):
         return [(digits(x, digit_group(w)), wd)]
     if lib is None or w.k % 32:
         return [(x, wd)]
@@ -191,9 +229,9 @@ DIGIT_GROUP = 64   # linear_digits.c's XG
 def digit_group(w: PackedWeight) -> int:
     """x's group on the two-byte path over ``w``, as the kernels choose it (``x_group`` in
     ``linear_digits.c``): 64, or 32 for int4 in groups of 32 (each x group inside one weight
-    group); 0 where the path does not take ``w``, or without the kernels."""
+    group); 0 where the path does not take ``w`` (int4 in k pairs), or without the kernels."""
     lib = _library()
-    return lib.digit_group(w.fmt, w.k, w.group) if lib is not None and w.fmt in ("int8", "int4") else 0
+    return lib.digit_group(w.fmt, w.k, w.group, w.quads) if lib is not None and w.fmt in ("int8", "int4") else 0
 
 
 def digits(x: torch.Tensor, group: int = DIGIT_GROUP) -> torch.Tensor:
@@ -211,15 +249,15 @@ def digits(x: torch.Tensor, group: int = DIGIT_GROUP) -> torch.Tensor:
 
 
 def takes_digits(w: PackedWeight) -> bool:
-    """Whether calls over ``w`` take the two-byte path from ``digit_rows()`` rows: per-channel
-    int8 (K a multiple of 64), or int4 in groups of a multiple of 32 (``fleet_digits_take``)."""
+    """Whether calls over ``w`` take the two-byte path: per-channel int8 (K a multiple of 64)
+    from ``digit_rows()`` rows, int4 quads at every row count (``fleet_digits_take``)."""
     return digit_group(w) != 0
 
 
 def digit_rows() -> int:
-    """From how many rows per-channel int8 and int4 calls (:func:`takes_digits`) carry x as two
-    bytes a value (integer dot products, ``linear_digits.c``): AVX512_VNNI without AMX; 0 where
-    no call does."""
+    """From how many rows per-channel int8 calls (:func:`takes_digits`) carry x as two bytes a
+    value (integer dot products, ``linear_digits.c``): AVX512_VNNI without AMX; 0 where no call
+    does. (int4 quads: every call, whatever it says.)"""
     lib = _library()
     return 0 if lib is None else lib.digit_rows()
 
@@ -276,10 +314,13 @@ def instructions(fmt: str) -> str:
         amx = (f", AMX-INT8 tiles for calls of {lib.amx_w8a8_rows} rows or more with one x scale a row"
                if lib.amx_w8a8_rows else "")
         return f"AVX512_VNNI integer dot products (vpdpbusd){amx}"
-    if fmt in ("int8", "int4") and lib.digit_rows():
-        which, xg = ("per channel", "64") if fmt == "int8" else ("in groups of 32 or more", "64, or 32 with groups of 32")
-        return (f"{_READ[fmt]}{simd} float32 FMAs; {which} from {lib.digit_rows()} rows AVX512_VNNI integer "
-                f"dot products (vpdpbusd) over x as two bytes a value (16 bits a group of {xg})")
+    if fmt == "int4" and lib.int4_quads(64, 64):
+        return ("in groups of 32 or more: AVX512_VNNI integer dot products (vpdpbusd) at every row count, over "
+                "codes packed as quads and x as two bytes a value (16 bits a group of 64, or 32 with groups of "
+                f"32); groups of 16: {_READ[fmt]}{simd} float32 FMAs")
+    if fmt == "int8" and lib.digit_rows():
+        return (f"{_READ[fmt]}{simd} float32 FMAs; per channel from {lib.digit_rows()} rows AVX512_VNNI integer "
+                "dot products (vpdpbusd) over x as two bytes a value (16 bits a group of 64)")
     rows = lib.amx_rows if fmt == "bf16" else lib.amx_split_rows.get(fmt, 0)
     amx = (f"; AMX bf16 tiles from {rows} rows" + (" (x rounded to bf16 there)" if fmt == "bf16"
                                                    else " (x and w as two bf16 each)")) if rows else ""

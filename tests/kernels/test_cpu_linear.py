@@ -28,7 +28,8 @@ def _pack(fmt: str, w: torch.Tensor, group: int | None) -> L.PackedWeight:
         return L.pack_bf16(w)
     if fmt == "int8":
         return L.pack_int8(*quantize_int8(w, group))
-    return L.pack_int4(*quantize_int4(w, group), group)
+    # "int4p": int4 in k pairs (the float path) also where the integer path packs int4 as quads
+    return L.pack_int4(*quantize_int4(w, group), group, quads=False if fmt == "int4p" else None)
 
 
 def _assert_close(y: torch.Tensor, x: torch.Tensor, w: L.PackedWeight, bias: torch.Tensor | None) -> None:
@@ -46,6 +47,7 @@ CASES = [  # (fmt, N, K, group)
     ("int8", 100, 576, None), ("int8", 40, 97, None), ("int8", 33, 576, 32), ("int8", 64, 192, 16),
     ("int8", 576, 1536, 64),
     ("int4", 100, 576, 32), ("int4", 31, 192, 16), ("int4", 70, 576, 64), ("int4", 576, 1536, 128),
+    ("int4p", 100, 576, 32), ("int4p", 576, 1536, 128),
 ]
 
 
@@ -93,7 +95,7 @@ def test_f32_rows_are_the_same_bits_in_every_call_of_two_rows_or_more(n, m):
 
 @pytest.mark.skipif(L._library() is None or L._library().simd != "avx512" or L._library().amx_rows,
                     reason="the AVX-512 build's decoded tiles without AMX (with AMX, many rows go to the tiles)")
-@pytest.mark.parametrize("fmt,group", [("bf16", None), ("int8", None), ("int8", 64), ("int4", 32)])
+@pytest.mark.parametrize("fmt,group", [("bf16", None), ("int8", None), ("int8", 64), ("int4", 32), ("int4p", 32)])
 @pytest.mark.parametrize("n,m", [(960, 61), (100, 200)])
 def test_avx512_decoded_rows_are_the_same_bits_in_every_call_past_eight_rows(fmt, group, n, m):
     """AVX-512 without AMX: past RB (8) rows a bf16, int8 or int4 tile is decoded once into the
@@ -132,6 +134,7 @@ def test_the_cpu_tunings_change_speed_only(knob):
     small = torch.randn(96, 576, generator=gen) * 0.05
     w = {"f32": L.pack_f32(torch.randn(100, 576, generator=gen)),
          "int4": L.pack_int4(*quantize_int4(small, 32), 32), "bf16": L.pack_bf16(small),
+         "int4p": L.pack_int4(*quantize_int4(small, 32), 32, quads=False),
          "int8": L.pack_int8(*quantize_int8(small)), "int8g64": L.pack_int8(*quantize_int8(small, 64))}
     w8a8 = L.pack_w8a8(*quantize_int8(small)) if L.w8a8_supported() else None
     x = torch.randn(300, 576, generator=gen)

@@ -1,8 +1,8 @@
-"""Per-channel int8 and int4 (groups of 32 or more) calls past eight rows on CPUs with
-AVX512_VNNI and no AMX (kernels/cpu/linear_digits.c): x carried as two bytes a value over
-groups of 64 input features (32 for int4 in groups of 32), the products as exact integer dot
-products. The tests set the row count from which the path
-runs (``digit_rows``) and put it back."""
+"""Per-channel int8 calls past eight rows, and int4 (groups of 32 or more, packed as quads) at
+every row count, on CPUs with AVX512_VNNI and no AMX (kernels/cpu/linear_digits.c): x carried
+as two bytes a value over groups of 64 input features (32 for int4 in groups of 32), the
+products as exact integer dot products. The tests set the row count from which int8 takes
+the path (``digit_rows``) and put it back."""
 import pytest
 import torch
 
@@ -36,13 +36,59 @@ def _weight(fmt: str, n: int, k: int, gen: torch.Generator) -> L.PackedWeight:
 
 
 def test_the_default_takes_calls_past_the_register_block():
-    """From 9 rows (past the 8-row register block, where the float path decodes a tile into
-    its buffer), and the engine's log says so."""
+    """int8 from 9 rows (past the 8-row register block, where the float path decodes a tile
+    into its buffer), int4 quads at every row count, and the engine's log says so."""
     assert LIB.digit_rows() == 9 == L.digit_rows()
     assert "per channel from 9 rows AVX512_VNNI integer dot products" in L.instructions("int8")
-    assert "in groups of 32 or more from 9 rows AVX512_VNNI" in L.instructions("int4")
+    assert "in groups of 32 or more: AVX512_VNNI integer dot products (vpdpbusd) at every row count" \
+        in L.instructions("int4")
     with pytest.raises(ValueError):
         LIB.digit_rows(-1)
+
+
+def test_int4_in_groups_of_32_or_more_is_packed_as_quads():
+    """pack_int4 lays the codes out as vpdpbusd takes them where this path runs: byte [j, h, c, i]
+    of a tile holds k = 8 j + i of channel 16 h + c in its low nibble, k = 8 j + 4 + i in its
+    high one; the same weight as the k-pair layout, which groups of 16 keep (asking for quads
+    there is an error)."""
+    gen = torch.Generator().manual_seed(11)
+    n, k = 40, 64
+    codes = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8)
+    packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).contiguous()
+    ones, zeros = torch.ones(n, 2), torch.zeros(n, 2)
+    w = L.pack_int4(packed, ones, zeros, 32)
+    assert w.quads and tuple(w.data.shape) == (2, 8, 2, 16, 4)
+    for j, h, c, i in [(0, 0, 0, 0), (3, 1, 7, 2), (7, 0, 15, 3), (5, 1, 0, 1)]:
+        byte = int(w.data[0, j, h, c, i])
+        assert byte & 15 == codes[16 * h + c, 8 * j + i] and byte >> 4 == codes[16 * h + c, 8 * j + 4 + i]
+    assert int(w.data[1, 0, 0, 8, 0]) == 0   # channel 40, past N: padding
+    pairs = L.pack_int4(packed, ones, zeros, 32, quads=False)
+    assert not pairs.quads and torch.equal(L.dequantize(w), L.dequantize(pairs))
+    assert torch.equal(L.dequantize(w), codes.float())
+    assert not L.pack_int4(packed, torch.ones(n, 4), torch.zeros(n, 4), 16).quads
+    with pytest.raises(ValueError, match="quads"):
+        L.pack_int4(packed, torch.ones(n, 4), torch.zeros(n, 4), 16, quads=True)
+
+
+@pytest.mark.parametrize("group", [32, 128])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 7, 8])
+def test_int4_quads_take_every_row_count_whatever_digit_rows_says(group, m):
+    """At the default, one row to eight included, and with int8's threshold off: the digits
+    oracle, not the float path's products."""
+    gen = torch.Generator().manual_seed(group + m)
+    w = _weight("int4-g32" if group == 32 else "int4", 70, 1536, gen)
+    assert w.quads and L.takes_digits(w)
+    x = torch.randn(m, 1536, generator=gen)
+    y = L.linear(x, w)
+    xd = L.digits(x, L.digit_group(w))
+    exact = xd.double() @ L.dequantize(w).double().T
+    scale = xd.double().abs() @ L.dequantize(w).double().abs().T
+    assert bool(((y.double() - exact).abs() <= 2e-6 * scale + 1e-30).all())
+    LIB.digit_rows(0)
+    try:
+        assert torch.equal(L.linear(x, w), y)
+    finally:
+        LIB.digit_rows(9)
 
 
 @pytest.mark.parametrize("fmt", ["int8", "int4", "int4-g32"])
@@ -99,12 +145,13 @@ def test_a_bad_row_is_nan_and_leaves_the_others_alone(every_call, fmt):
 @pytest.mark.parametrize("fmt,k", [("int8", 96), ("int8", 576), ("int4", 576), ("int4", 1536), ("int4-g32", 576)])
 def test_a_row_gets_the_same_bits_in_every_call_it_takes(fmt, k):
     """At the default threshold: calls of 9-64 rows give a row the bits of the whole call,
-    K = 96 (not a multiple of 64: the float path), 576 and 1,536."""
+    K = 96 (not a multiple of 64: the float path), 576 and 1,536; int4 quads calls of 1-8
+    rows too."""
     gen = torch.Generator().manual_seed(k)
     w = _weight(fmt, 96, k, gen)
     x = torch.randn(64, k, generator=gen)
     many = L.linear(x, w)
-    for size in (9, 12, 13, 31):
+    for size in (9, 12, 13, 31) + ((1, 2, 5, 6, 7, 8) if w.quads else ()):
         for r in range(0, 64 - size + 1, size):
             assert torch.equal(L.linear(x[r:r + size], w), many[r:r + size]), (size, r)
     if k % 64:
