@@ -343,9 +343,10 @@ int fleet_int4_quads(int64_t K, int64_t G) {
     return fleet_amx_ready() ? 0 : (int)x_group(FMT_INT4Q, K, G);
 }
 
-/* int4 quads at every row count. One row: each thread its share of the tiles in order (the
- * stream the hardware prefetchers follow); more than DB rows: each tile's nibbles split into
- * a buffer once, the row blocks then reading bytes, as the int8 calls read tile_layout's. */
+/* int4 quads at every row count. Up to DB rows: each thread its share of the tiles in order
+ * (the stream the hardware prefetchers follow, and PF_QUADS where it is on), the nibbles split
+ * in registers; more than DB rows: each tile's nibbles split into a buffer once, the row
+ * blocks then reading bytes, as the int8 calls read tile_layout's. */
 int fleet_linear_quads(const float *x, int64_t M, int64_t N, int64_t K, int64_t G, const void *data,
                        const void *scales, const void *mins, const float *bias, float *out, int num_threads) {
     const int64_t xg = fleet_int4_quads(K, G);
