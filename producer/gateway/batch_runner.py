@@ -129,22 +129,30 @@ class BatchJob:
             await self.store.redis.srem(keys.active_batches_key(self.tenant), self.batch_id)
             return
         self.fixed = fixed = json.loads(state["fixed"])
-        if state["status"] == "validating":
+        status = state["status"]
+        if status == "validating":
             if await self.store.file(self.tenant, fixed["input_file_id"]) is None:
                 errors = {"object": "list", "data": [{"code": "file_not_found", "line": None,
                           "param": "input_file_id", "message": "the input file is gone"}]}
                 await self.store.redis.hset(keys.batch_key(self.tenant, self.batch_id),
                                             "errors", json.dumps(errors))
-                await self.store.finish(self.tenant, self.batch_id, "failed", [])
+                await self._publish(await self._finalize("failed"))
                 return
             total = await self.store.line_count(self.tenant, fixed["input_file_id"])
-            await self.store.set_status(self.tenant, self.batch_id, "in_progress", total=total)
-        elif state["status"] == "cancelling":
-            self.stop = "cancelled"
-        await self._submit_all(await self.store.done(self.tenant, self.batch_id))
-        if self.stop == "expired":
-            await self._expire_rest()
-        await self._finish(self.stop or "completed")
+            moved, found = await self.store.move(self.tenant, self.batch_id, "in_progress",
+                                                 ("validating",), total=total)
+            status = "in_progress" if moved else found
+        if status in ("in_progress", "cancelling"):
+            if status == "cancelling":
+                self.stop = "cancelled"
+            await self._submit_all(await self.store.done(self.tenant, self.batch_id))
+            if self.stop == "expired":
+                await self._expire_rest()
+            await self._publish(await self._finalize(self.stop or "completed"))
+        elif status == "finalizing":  # a runner stopped between finalizing and the end
+            await self._publish(state.get("ending") or "completed")
+        else:  # over (or gone): nothing left to run
+            await self.store.redis.srem(keys.active_batches_key(self.tenant), self.batch_id)
 
     async def _stopping(self) -> str | None:
         now = time.monotonic()
@@ -179,9 +187,8 @@ class BatchJob:
             while tasks:
                 await self._wait(tasks)
                 await self._stopping()
-        finally:
-            for task in tasks:
-                task.cancel()
+        finally:  # a line still running could record after the batch ended: wait it out
+            await cancel_and_wait(tasks, logger)
 
     @staticmethod
     async def _wait(tasks: set[asyncio.Task]) -> None:
@@ -232,8 +239,22 @@ class BatchJob:
                     await self.store.record(self.tenant, self.fixed, number,
                                             openai_batch.dumps(out), False)
 
-    async def _finish(self, status: str) -> None:
-        await self.store.set_status(self.tenant, self.batch_id, "finalizing")
+    async def _finalize(self, ending: str) -> str:
+        """Move the batch to ``finalizing`` (no line is recorded after that) and return how
+        it ends: ``cancelled`` if a cancel got in first, else ``ending``."""
+        moved, found = await self.store.move(self.tenant, self.batch_id, "finalizing",
+                                             ("validating", "in_progress"), ending=ending)
+        if not moved and found == "cancelling":
+            ending = "cancelled"
+            moved, found = await self.store.move(self.tenant, self.batch_id, "finalizing",
+                                                 ("cancelling",), ending=ending)
+        if not moved and found != "finalizing":
+            raise RuntimeError(f"batch {self.batch_id} is {found or 'gone'}, not running")
+        return ending
+
+    async def _publish(self, status: str) -> None:
+        """End the finalizing batch as ``status``, publishing its non-empty files (counts and
+        lines are frozen from finalizing on)."""
         state = await self.store.batch(self.tenant, self.batch_id)
         now = int(time.time())
         files = []

@@ -21,17 +21,57 @@ TIMES = ("in_progress", "finalizing", "completed", "failed", "expired", "cancell
          "cancelled")
 FINAL = {"completed", "failed", "expired", "cancelled"}
 
+# A batch's status moves only along its lifecycle, atomically, so a cancel racing the
+# runner can neither undo an ending nor be lost (KEYS: state; ARGV: new status, time,
+# number of statuses it may leave, those statuses, then field/value pairs to set with it).
+# Returns {1, the status left} or {0, the status found ('' for no batch)}.
+MOVE = """
+local status = redis.call('HGET', KEYS[1], 'status')
+if not status then return {0, ''} end
+local n = tonumber(ARGV[3])
+for i = 4, 3 + n do
+  if ARGV[i] == status then
+    redis.call('HSET', KEYS[1], 'status', ARGV[1], ARGV[1] .. '_at', ARGV[2])
+    for j = 4 + n, #ARGV - 1, 2 do redis.call('HSET', KEYS[1], ARGV[j], ARGV[j + 1]) end
+    return {1, status}
+  end
+end
+return {0, status}
+"""
+
 # Record one answered line once: append it, count it, mark it done (KEYS: done, lines,
 # state; ARGV: line number, line, counter, bytes field, ttl). A line answered twice (a
-# runner that lost its lease) is not appended twice. Marked done last: a script stopped
-# by an error (a refused command) leaves the line to be answered again, never lost.
+# runner that lost its lease) is not appended twice, and nothing is appended once the
+# batch is finalizing or over: its published files and counts never change. Marked done
+# last: a script stopped by an error (a refused command) leaves the line to be answered
+# again, never lost.
 RECORD = """
+local status = redis.call('HGET', KEYS[3], 'status')
+if status ~= 'in_progress' and status ~= 'cancelling' then return 0 end
 if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 then return 0 end
 redis.call('RPUSH', KEYS[2], ARGV[2])
 redis.call('EXPIRE', KEYS[2], ARGV[5])
 redis.call('HINCRBY', KEYS[3], ARGV[3], 1)
 redis.call('HINCRBY', KEYS[3], ARGV[4], string.len(ARGV[2]) + 1)
 redis.call('SADD', KEYS[1], ARGV[1])
+return 1
+"""
+
+# End a finalizing batch (KEYS: state, done, files index, active set, then each published
+# file's meta key; ARGV: final status, time, published ids JSON, ttl, batch id, then per
+# file its meta JSON, created_at and id). Returns 0, changing nothing, unless the batch is
+# finalizing: only the runner that finalized it ends it, once.
+FINISH = """
+if redis.call('HGET', KEYS[1], 'status') ~= 'finalizing' then return 0 end
+for i = 5, #KEYS do
+  local a = 6 + 3 * (i - 5)
+  redis.call('SET', KEYS[i], ARGV[a], 'EX', ARGV[4])
+  redis.call('ZADD', KEYS[3], ARGV[a + 1], ARGV[a + 2])
+end
+redis.call('HSET', KEYS[1], 'status', ARGV[1], ARGV[1] .. '_at', ARGV[2], 'published', ARGV[3])
+redis.call('EXPIRE', KEYS[1], ARGV[4])
+redis.call('EXPIRE', KEYS[2], ARGV[4])
+redis.call('SREM', KEYS[4], ARGV[5])
 return 1
 """
 
@@ -54,6 +94,8 @@ class Store:
     def __init__(self, redis) -> None:
         self.redis = redis
         self._record = redis.register_script(RECORD)
+        self._move = redis.register_script(MOVE)
+        self._finish = redis.register_script(FINISH)
 
     # ---- files
     async def put_file(self, tenant: str, meta: dict[str, Any], lines: list[bytes],
@@ -121,9 +163,15 @@ class Store:
     async def active(self, tenant: str) -> list[str]:
         return sorted(_text(i) for i in await self.redis.smembers(keys.active_batches_key(tenant)))
 
-    async def set_status(self, tenant: str, batch_id: str, status: str, **fields: Any) -> None:
-        mapping = {"status": status, f"{status}_at": int(time.time()), **fields}
-        await self.redis.hset(keys.batch_key(tenant, batch_id), mapping=mapping)
+    async def move(self, tenant: str, batch_id: str, status: str, leaving: tuple[str, ...],
+                   **fields: Any) -> tuple[bool, str]:
+        """Set the batch's ``status`` (and ``fields``) if it now is one of ``leaving``;
+        returns whether it moved and the status it left or found ('' for no batch)."""
+        args = [status, int(time.time()), len(leaving), *leaving]
+        for name, value in fields.items():
+            args += [name, value]
+        moved, found = await self._move(keys=[keys.batch_key(tenant, batch_id)], args=args)
+        return bool(moved), _text(found)
 
     async def done(self, tenant: str, batch_id: str) -> set[int]:
         return {int(x) for x in await self.redis.smembers(keys.batch_key(tenant, batch_id, "done"))}
@@ -138,19 +186,18 @@ class Store:
             args=[number, line, counter, size, FILE_TTL_S]))
 
     async def finish(self, tenant: str, batch_id: str, status: str,
-                     files: list[dict[str, Any]]) -> None:
-        """The batch ends as ``status``; its non-empty output/error ``files`` are published."""
-        pipe = self.redis.pipeline(transaction=True)
+                     files: list[dict[str, Any]]) -> bool:
+        """A finalizing batch ends as ``status``; its non-empty output/error ``files`` are
+        published. False, changing nothing, if the batch is not finalizing."""
+        args = [status, int(time.time()), json.dumps([m["id"] for m in files]), FILE_TTL_S,
+                batch_id]
         for meta in files:
-            pipe.set(keys.file_key(tenant, meta["id"]), json.dumps(meta), ex=FILE_TTL_S)
-            pipe.zadd(keys.files_key(tenant), {meta["id"]: meta["created_at"]})
-        pipe.hset(keys.batch_key(tenant, batch_id),
-                  mapping={"status": status, f"{status}_at": int(time.time()),
-                           "published": json.dumps([m["id"] for m in files])})
-        for part in ("state", "done"):
-            pipe.expire(keys.batch_key(tenant, batch_id, part), FILE_TTL_S)
-        pipe.srem(keys.active_batches_key(tenant), batch_id)
-        await pipe.execute()
+            args += [json.dumps(meta), meta["created_at"], meta["id"]]
+        return bool(await self._finish(
+            keys=[keys.batch_key(tenant, batch_id), keys.batch_key(tenant, batch_id, "done"),
+                  keys.files_key(tenant), keys.active_batches_key(tenant),
+                  *(keys.file_key(tenant, m["id"]) for m in files)],
+            args=args))
 
     async def lease(self, tenant: str, batch_id: str, owner: str, ttl_s: float) -> bool:
         """Take or renew the batch's lease; False while another runner holds it."""

@@ -82,12 +82,16 @@ async def retrieve(request: HttpRequest) -> Response:
 
 
 async def cancel(request: HttpRequest) -> Response:
-    gw, tenant, store, batch_id, state = await _state(request)
-    if state["status"] in ("validating", "in_progress"):
-        await gw.redis_step(store.set_status(tenant, batch_id, "cancelling"))
+    gw, tenant, store, batch_id, _ = await _state(request)
+    moved, found = await gw.redis_step(store.move(tenant, batch_id, "cancelling",
+                                                  ("validating", "in_progress")))
+    if moved:
         request.app.state.batch_runner.wake()
-    elif state["status"] != "cancelling":
-        raise errors.GatewayError(409, f"the batch is {state['status']}; it cannot be cancelled",
+    elif not found:
+        raise errors.GatewayError(404, f"no such batch: {batch_id}", param="batch_id",
+                                  code="batch_not_found")
+    elif found != "cancelling":  # finalizing or over (checked and set in one step)
+        raise errors.GatewayError(409, f"the batch is {found}; it cannot be cancelled",
                                   code="batch_not_cancellable")
     return JSONResponse(render(await gw.redis_step(store.batch(tenant, batch_id))))
 
