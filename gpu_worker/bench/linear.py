@@ -1,7 +1,7 @@
 """``fleet bench linear``: the CPU matmuls on the model's own projection shapes, side by side
 in one process: torch's ``F.linear``, the oneDNN-packed weight the engine uses for fp32
 (``PackedLinear``), and the C kernels of ``kernels/cpu/linear.c`` over packed f32, bf16,
-int8 (per channel and per group) and int4 weights, and W8A8 (activations quantized on the fly, one
+int8 (per channel and per group) and int4 weights (``int4g32p``: in k pairs, not quads), and W8A8 (activations quantized on the fly, one
 scale a row or per 64 / 32 input features).
 
 Each weight is replicated until the copies of one format fill ``--mib`` MiB (more than the
@@ -34,6 +34,7 @@ FORMATS = {
     "int8": lambda w: packed_linear.pack_int8(*quantize_int8(w)),
     "int8g64": lambda w: packed_linear.pack_int8(*quantize_int8(w, 64)),
     "int4g32": lambda w: packed_linear.pack_int4(*quantize_int4(w, 32), 32),
+    "int4g32p": lambda w: packed_linear.pack_int4(*quantize_int4(w, 32), 32, quads=False),   # k pairs
     "w8a8": lambda w: packed_linear.pack_w8a8(*quantize_int8(w)),
     "w8a8a64": lambda w: packed_linear.pack_w8a8(*quantize_int8(w), 64),   # one x scale per 64 features
     "w8a8a32": lambda w: packed_linear.pack_w8a8(*quantize_int8(w), 32),
@@ -52,6 +53,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mib", type=int, default=128, help="MiB of copies per weight and format (defeats the caches)")
     p.add_argument("--formats", default=",".join(FORMATS), help=f"comma-separated, of {','.join(FORMATS)}")
     p.add_argument("--no-torch", action="store_true", help="skip torch's F.linear (slow at many rows)")
+    p.add_argument("--one-row-prefetch", choices=("default", "on", "off"), default="default",
+                   help="few-row calls' prefetch into L1 (kernels/cpu/linear.c; default: this CPU's)")
+    p.add_argument("--quads-prefetch", type=int, default=None,
+                   help="int4 quads' prefetch distance in bytes (0: off; default: this CPU's)")
+    p.add_argument("--quads-split", type=int, default=None,
+                   help="from how many rows int4 quads split nibbles into a buffer (0: never; default: this CPU's)")
     p.add_argument("--json", type=Path, default=None)
 
 
@@ -120,6 +127,12 @@ def run(args: argparse.Namespace) -> int:
     slow = [f for f in formats if not _runs_in_c(f)]
     if slow:
         print(f"note: no C kernel on this CPU for {slow}: timing the pure-torch reference")
+    if args.one_row_prefetch != "default":
+        packed_linear.tuning(one_row_prefetch=args.one_row_prefetch == "on")
+    if args.quads_prefetch is not None:
+        packed_linear.quads_prefetch(max(-1, args.quads_prefetch))
+    if args.quads_split is not None:
+        packed_linear.quads_split(max(-1, args.quads_split))
     cfg = load_model_config(resolve_model_dir(args.model))
     rows = [int(r) for r in args.rows.split(",")]
     results = []

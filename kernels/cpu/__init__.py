@@ -80,6 +80,8 @@ class CpuKernels:
         self._digit_tuning = _fn(lib.fleet_digit_tuning, ctypes.c_int)
         self._digits_take = _fn(lib.fleet_digits_take, ctypes.c_int, _I64, _I64)
         self._int4_quads = _fn(lib.fleet_int4_quads, _I64, _I64)
+        self._quads_prefetch = _fn(lib.fleet_quads_prefetch, ctypes.c_int)
+        self._quads_split = _fn(lib.fleet_quads_split, ctypes.c_int)
         self._w8a8 = _fn(lib.fleet_linear_w8a8, _P, _I64, _I64, _I64, _I64, _P, _P, _P, _P, _P, ctypes.c_int)
         self._w8a8_supported = _fn(lib.fleet_linear_w8a8_supported)
         # The LM head's bf16 screen (greedy_head.c; kernels.cpu.greedy_head): "native" on
@@ -228,6 +230,22 @@ class CpuKernels:
         process (AVX512_VNNI, no AMX, a group a multiple of 32; ``fleet_int4_quads``): x's group
         on their path (64, or 32 for groups of 32), else 0."""
         return int(self._int4_quads(k, group))
+
+    def quads_prefetch(self, nbytes: int | None = None) -> int:
+        """Sets how far ahead calls over int4 quads that split nibbles in registers prefetch
+        (bytes, rounded down to 64; 0: not at all; -1: this CPU's default) where not None;
+        returns it as it is then (0 where quads do not run). Results do not change."""
+        if nbytes is not None and nbytes < -1:
+            raise ValueError("nbytes must be >= -1")
+        return int(self._quads_prefetch(-2 if nbytes is None else nbytes))
+
+    def quads_split(self, rows: int | None = None) -> int:
+        """Sets from how many rows calls over int4 quads split each tile's nibbles into a
+        buffer once (0: never, always in registers; -1: this CPU's default) where not None;
+        returns it as it is then (0 where quads do not run). Results do not change."""
+        if rows is not None and rows < -1:
+            raise ValueError("rows must be >= -1")
+        return int(self._quads_split(-2 if rows is None else rows))
 
     def decode_tuning(self, prefetch_tiles: int | None = None, prefetch_l2: bool | None = None) -> dict:
         """Sets decode attention's prefetch where not None (paged_decode.c: how many tiles of 16

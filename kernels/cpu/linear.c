@@ -37,7 +37,7 @@
 #include <cpuid.h>
 
 /* The CPU is Intel's (cpuid's vendor string), where the two tunings below were measured. */
-static int cpu_is_intel(void) {
+int fleet_cpu_is_intel(void) {
     unsigned a, b, c, d;
     char vendor[13] = {0};
     if (!__get_cpuid(0, &a, &b, &c, &d)) return 0;
@@ -52,7 +52,7 @@ static int cpu_is_intel(void) {
 static int tune_far = -1, tune_pairs = -1, tune_wide = -1, tune_one = -1;
 
 int fleet_prefetch_far(void) {
-    if (tune_far < 0) tune_far = cpu_is_intel();   /* a race computes the same answer twice */
+    if (tune_far < 0) tune_far = fleet_cpu_is_intel();   /* a race computes the same answer twice */
     return tune_far;
 }
 
@@ -65,7 +65,7 @@ static int one_row_default(void) {
 #if defined(FLEET_AVX2)
     return 1;
 #else
-    return cpu_is_intel();
+    return fleet_cpu_is_intel();
 #endif
 }
 
@@ -79,7 +79,7 @@ int fleet_prefetch_one_row(void) {
  * were measured faster; on AMD Zen 4 (family 25 model 17) level with the 8 x 32 blocks, 1.00-1.04x
  * the time at 64-1,024 rows but 0.92x at 256 (kernels/README.md, 2026-12-07), so off there. */
 static int f32_pairs_on(void) {
-    if (tune_pairs < 0) tune_pairs = cpu_is_intel();
+    if (tune_pairs < 0) tune_pairs = fleet_cpu_is_intel();
     return tune_pairs;
 }
 #endif
@@ -88,7 +88,7 @@ static int f32_pairs_on(void) {
 /* Whether the f32 passes of WIDE_PF_ROWS to CONTIGUOUS_ROWS rows prefetch the thread's next tile
  * (tile_wide): on Intel CPUs, where that prefetch was measured; on AMD only up to WIDE_PF_ROWS. */
 static int wide_prefetch_all(void) {
-    if (tune_wide < 0) tune_wide = cpu_is_intel();
+    if (tune_wide < 0) tune_wide = fleet_cpu_is_intel();
     return tune_wide;
 }
 #endif
@@ -97,9 +97,9 @@ static int wide_prefetch_all(void) {
  * far + 2 * pairs + 4 * wide + 8 * one. For A/B measurements and the tests: they change
  * speed only, not results. */
 int fleet_linear_tuning(int far, int pairs, int wide, int one) {
-    if (far > -2) tune_far = far < 0 ? cpu_is_intel() : far;
-    if (pairs > -2) tune_pairs = pairs < 0 ? cpu_is_intel() : pairs;
-    if (wide > -2) tune_wide = wide < 0 ? cpu_is_intel() : wide;
+    if (far > -2) tune_far = far < 0 ? fleet_cpu_is_intel() : far;
+    if (pairs > -2) tune_pairs = pairs < 0 ? fleet_cpu_is_intel() : pairs;
+    if (wide > -2) tune_wide = wide < 0 ? fleet_cpu_is_intel() : wide;
     if (one > -2) tune_one = one < 0 ? one_row_default() : one;
 #if defined(FLEET_AVX512)
     return fleet_prefetch_far() + 2 * f32_pairs_on() + 4 * wide_prefetch_all() + 8 * fleet_prefetch_one_row();

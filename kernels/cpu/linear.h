@@ -54,6 +54,9 @@ int fleet_int4_quads(int64_t K, int64_t G);
 int fleet_linear_quads(const float *x, int64_t M, int64_t N, int64_t K, int64_t G, const void *data,
                        const void *scales, const void *mins, const float *bias, float *out, int num_threads);
 int fleet_digit_tuning(int rows);
+int fleet_quads_prefetch(int bytes);   /* int4 quads' prefetch distance (linear_digits.c) */
+int fleet_quads_split(int rows);       /* from how many rows int4 quads split nibbles into a buffer */
+int fleet_cpu_is_intel(void);
 
 #if defined(FLEET_AVX512)
 #define RB 8           /* rows per register block (32 zmm registers) */

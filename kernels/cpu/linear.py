@@ -254,6 +254,22 @@ def takes_digits(w: PackedWeight) -> bool:
     return digit_group(w) != 0
 
 
+def quads_prefetch(nbytes: int | None = None) -> int:
+    """How far ahead (bytes) calls over int4 quads that split nibbles in registers prefetch
+    their stream, set where not None (0: off, -1: this CPU's default); speed only. 0 where no
+    kernels built."""
+    lib = _library()
+    return 0 if lib is None else lib.quads_prefetch(nbytes)
+
+
+def quads_split(rows: int | None = None) -> int:
+    """From how many rows calls over int4 quads split each tile's nibbles into a buffer once
+    (0: never), set where not None (-1: this CPU's default: Intel past 6 rows, AMD never);
+    speed only. 0 where no kernels built."""
+    lib = _library()
+    return 0 if lib is None else lib.quads_split(rows)
+
+
 def digit_rows() -> int:
     """From how many rows per-channel int8 calls (:func:`takes_digits`) carry x as two bytes a
     value (integer dot products, ``linear_digits.c``): AVX512_VNNI without AMX; 0 where no call

@@ -64,13 +64,18 @@ int fleet_digits_take(int fmt, int64_t K, int64_t G) {
 #include <math.h>
 #include <omp.h>
 #include "tile_decode.h"
-/* Calls of up to DB rows over int4 quads prefetch their own stream PF_QUADS bytes ahead into
- * L1 where linear.c's one-row prefetch is on (Intel: fleet_prefetch_one_row): a 2-core Intel
- * Xeon (family 6 model 207, no AMX exposed), SmolLM2's 210 projections in one C loop, the
- * library before quads (k pairs, float path) and after, interleaved, medians of 21: new/old
- * 0.85 / 0.90 / 0.90 at 1 / 2 / 4 rows without it, 0.60 / 0.62 / 0.78 with 4 KiB (2 KiB: 0.64
- * / 0.60 / 0.72, 8 KiB: 0.66 / 0.62 / 0.77). Unmeasured on AMD, which keeps it off. */
-#define PF_QUADS 4096
+/* Calls over int4 quads that split nibbles in registers (fleet_quads_split) prefetch their own
+ * stream quads_prefetch bytes ahead into L1 (fleet_quads_prefetch; 0: not at all). Intel: 4 KiB
+ * (a 2-core Xeon, family 6 model 207, no AMX exposed, SmolLM2's 210 projections
+ * in one C loop, the library before quads (k pairs, float path) and after, interleaved, medians
+ * of 21: new/old 0.85 / 0.90 / 0.90 at 1 / 2 / 4 rows without it, 0.60 / 0.62 / 0.78 with 4 KiB;
+ * 2 KiB: 0.64 / 0.60 / 0.72, 8 KiB: 0.66 / 0.62 / 0.77). AMD: 2 KiB (EPYC Zen 4, family 25
+ * model 17, 2 cores, 30 layers' projections from Python, interleaved, medians of 15 and 25:
+ * against none 0.87 / 0.83 / 0.85 / 0.80 and 0.86 / 0.84 / 0.85 / 0.86 at 1 / 2 / 4 / 6 rows;
+ * 1 KiB 0.94 / 0.84 / 0.86 / 0.89, 3 KiB 0.85 / 0.81 / 0.85 / 0.87, 4 KiB 0.89-0.93 / 0.82-0.87 /
+ * 0.84-0.85 / 0.87-0.88, 8 KiB 0.88 / 0.88 / 0.87 / 0.88, 16 KiB 0.88 / 0.89 / 0.90 / 0.90). */
+#define PF_QUADS_INTEL 4096
+#define PF_QUADS_AMD 2048
 #define DB 6            /* rows a block: 24 accumulators (12 int32 of a group, 12 float totals) */
 
 /* Row r of x [M][K] as the two digit planes hi, lo [M][K] (hi as U's high byte, U = X + 32768,
@@ -238,8 +243,8 @@ AI void int4_rows(const int R, const planes_t *x, int64_t K, int64_t G, int64_t 
         for (int64_t k = g * xg; k < g * xg + xg; k += 8) {
             __m512i a[2], c[2];
             if (pf) {
-                _mm_prefetch((const char *)packed + k * 16 + PF_QUADS, _MM_HINT_T0);
-                _mm_prefetch((const char *)packed + k * 16 + PF_QUADS + 64, _MM_HINT_T0);
+                _mm_prefetch((const char *)packed + k * 16 + pf, _MM_HINT_T0);
+                _mm_prefetch((const char *)packed + k * 16 + pf + 64, _MM_HINT_T0);
             }
             quad_codes(packed, split, k / 8, a, c);
             quad_dots(R, S, 1, x->hi, K, k, a, c, ah);
@@ -278,7 +283,7 @@ typedef struct {            /* one block of rows against one tile */
     const int8_t *w;            /* int8: tile_layout's codes and comp */
     const int32_t *comp;
     const uint8_t *packed, *split;   /* int4: the packed tile, its nibbles split (NULL: split in registers) */
-    int pf;                     /* int4: prefetch the packed tile's stream (PF_QUADS) */
+    int pf;                     /* int4: prefetch the packed tile's stream this many bytes ahead (0: not) */
     const void *scales, *mins;  /* the tile's: [1][32] float32 (int8), [K / G][32] fp16 (int4) */
 } dblock_t;
 
@@ -343,17 +348,19 @@ int fleet_int4_quads(int64_t K, int64_t G) {
     return fleet_amx_ready() ? 0 : (int)x_group(FMT_INT4Q, K, G);
 }
 
-/* int4 quads at every row count. Up to DB rows: each thread its share of the tiles in order
- * (the stream the hardware prefetchers follow, and PF_QUADS where it is on), the nibbles split
- * in registers; more than DB rows: each tile's nibbles split into a buffer once, the row
- * blocks then reading bytes, as the int8 calls read tile_layout's. */
+/* int4 quads at every row count. Each thread its share of the tiles in order (the stream the
+ * hardware prefetchers follow, and fleet_quads_prefetch's), the rows in blocks of up to DB, the
+ * nibbles split in registers; from fleet_quads_split's rows (Intel: past DB) each tile's
+ * nibbles split into a buffer once instead, the row blocks then reading bytes, as the int8
+ * calls read tile_layout's. */
 int fleet_linear_quads(const float *x, int64_t M, int64_t N, int64_t K, int64_t G, const void *data,
                        const void *scales, const void *mins, const float *bias, float *out, int num_threads) {
     const int64_t xg = fleet_int4_quads(K, G);
     if (!xg || M < 0 || N < 1) return 1;
     if (M == 0) return 0;
     const int64_t tiles = (N + TILE - 1) / TILE;
-    const int pf = M <= DB && fleet_prefetch_one_row();
+    const int split_from = fleet_quads_split(-2), split_it = split_from > 0 && M >= split_from;
+    const int pf = split_it ? 0 : fleet_quads_prefetch(-2);
     planes_t p;
     void *mem = x_planes(M, K, xg, &p);
     int failed = !mem;
@@ -362,11 +369,11 @@ int fleet_linear_quads(const float *x, int64_t M, int64_t N, int64_t K, int64_t 
         {
             #pragma omp for schedule(static)
             for (int64_t r = 0; r < M; r++) x_digits(x, r, K, xg, 1, p.hi, p.lo, p.xs, p.xsum);
-            uint8_t *split = M > DB ? aligned_alloc(64, (size_t)(K * TILE)) : NULL;
-            if (M > DB && !split) failed = 1;
-            #pragma omp for schedule(dynamic, M > DB ? 1 : (tiles + omp_get_num_threads() - 1) / omp_get_num_threads())
+            uint8_t *split = split_it ? aligned_alloc(64, (size_t)(K * TILE)) : NULL;
+            if (split_it && !split) failed = 1;
+            #pragma omp for schedule(dynamic, split_it ? 1 : (tiles + omp_get_num_threads() - 1) / omp_get_num_threads())
             for (int64_t i = 0; i < tiles; i++) {
-                if (M > DB && !split) continue;
+                if (split_it && !split) continue;
                 const tile_t t = tile_at(FMT_INT4, data, scales, mins, K, G, i);
                 if (split)
                     for (int64_t j = 0; j < K / 8; j++) {
@@ -385,6 +392,31 @@ int fleet_linear_quads(const float *x, int64_t M, int64_t N, int64_t K, int64_t 
     }
     free(mem);
     return failed ? 3 : 0;
+}
+
+static int quads_prefetch = -1, quads_split = -1;
+
+/* How far ahead calls over int4 quads that split their nibbles in registers prefetch their
+ * stream, in bytes (0: they do not): bytes >= 0 sets it, -1 puts this CPU's default back, -2
+ * leaves it; returns it. Speed only. */
+int fleet_quads_prefetch(int bytes) {
+    if (bytes >= 0) quads_prefetch = bytes & ~63;
+    if (bytes == -1 || quads_prefetch < 0) quads_prefetch = fleet_cpu_is_intel() ? PF_QUADS_INTEL : PF_QUADS_AMD;
+    return quads_prefetch;
+}
+
+/* From how many rows calls over int4 quads split each tile's nibbles into a buffer once
+ * (0: never; the row blocks then split them in registers, tile by tile, as calls of up to DB
+ * rows always do): rows >= 0 sets it, -1 this CPU's default, -2 leaves it; returns it. Speed
+ * only. Intel: past DB rows (measured there against the path before quads: README, "int4 as
+ * quads"). AMD: never: on Zen 4 (family 25 model 17, 2 cores, 30 layers' projections from
+ * Python, interleaved, medians of 5-9) registers and the prefetch took 0.67 / 0.74 / 0.75 /
+ * 0.81 / 0.89 / 0.86 / 0.94 / 0.96 / 0.92 / 1.01x the split buffer's time at 7 / 8 / 10 / 12 /
+ * 16 / 24 / 32 / 64 / 128 / 512 rows. */
+int fleet_quads_split(int rows) {
+    if (rows >= 0) quads_split = rows;
+    if (rows == -1 || quads_split < 0) quads_split = fleet_cpu_is_intel() ? DB + 1 : 0;
+    return quads_split;
 }
 
 static int from_rows = DIGIT_ROWS;
@@ -418,6 +450,16 @@ int fleet_linear_quads(const float *x, int64_t M, int64_t N, int64_t K, int64_t 
 }
 
 int fleet_digit_tuning(int rows) {
+    (void)rows;
+    return 0;
+}
+
+int fleet_quads_prefetch(int bytes) {
+    (void)bytes;
+    return 0;
+}
+
+int fleet_quads_split(int rows) {
     (void)rows;
     return 0;
 }

@@ -91,6 +91,31 @@ def test_int4_quads_take_every_row_count_whatever_digit_rows_says(group, m):
         LIB.digit_rows(9)
 
 
+@pytest.mark.parametrize("m", [1, 3, 6, 7, 13, 40])
+def test_the_quads_speed_tunings_change_no_result(m):
+    """The prefetch off, at the CPU's default and far ahead (past the tile's end included); the
+    nibbles split into a buffer from 7 rows, from every row, or never: the same bits."""
+    gen = torch.Generator().manual_seed(m)
+    w = _weight("int4-g32", 96, 576, gen)
+    x = torch.randn(m, 576, generator=gen)
+    assert L.quads_prefetch(-1) > 0 and L.quads_prefetch() % 64 == 0
+    assert L.quads_split(-1) in (0, 7)
+    ys = []
+    try:
+        for split in (0, 1, 7):
+            for nbytes in (0, 100_000, -1):
+                L.quads_split(split), L.quads_prefetch(nbytes)
+                ys.append(L.linear(x, w))
+        assert L.quads_prefetch(0) == 0 and L.quads_prefetch(1000) == 960
+    finally:
+        L.quads_prefetch(-1), L.quads_split(-1)
+    assert all(torch.equal(ys[0], y) for y in ys[1:])
+    with pytest.raises(ValueError):
+        LIB.quads_prefetch(-2)
+    with pytest.raises(ValueError):
+        LIB.quads_split(-2)
+
+
 @pytest.mark.parametrize("fmt", ["int8", "int4", "int4-g32"])
 @pytest.mark.parametrize("n,k", [(100, 576), (33, 64), (70, 1536), (32, 128)])
 @pytest.mark.parametrize("m", [1, 5, 6, 7, 13, 64])
