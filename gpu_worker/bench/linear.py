@@ -51,7 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="model dir or .gguf (default: embedded SmolLM2)")
     p.add_argument("--rows", default=",".join(map(str, ROWS)), help="comma-separated batch rows")
     p.add_argument("--mib", type=int, default=128, help="MiB of copies per weight and format (defeats the caches)")
-    p.add_argument("--formats", default=",".join(FORMATS), help=f"comma-separated, of {','.join(FORMATS)}")
+    p.add_argument("--formats", default=None, help=f"comma-separated, of {', '.join(FORMATS)} (default: all)")
     p.add_argument("--no-torch", action="store_true", help="skip torch's F.linear (slow at many rows)")
     p.add_argument("--one-row-prefetch", choices=("default", "on", "off"), default="default",
                    help="few-row calls' prefetch into L1 (kernels/cpu/linear.c; default: this CPU's)")
@@ -119,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
     if not onednn.available():
         print("oneDNN packing is not available in this torch build (or FLEET_ONEDNN=0)")
         return 1
-    formats = [f for f in args.formats.split(",") if f]
+    formats = [f for f in (args.formats or ",".join(FORMATS)).split(",") if f]
     unknown = [f for f in formats if f not in FORMATS]
     if unknown:
         print(f"unknown formats {unknown}; known: {', '.join(FORMATS)}")
