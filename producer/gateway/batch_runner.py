@@ -15,7 +15,7 @@ import time
 import uuid
 
 from producer.gateway import openai_batch
-from producer.gateway.batch_store import FILE_TTL_S, Store
+from producer.gateway.batch_store import FILE_TTL_S, OPEN, Store
 from producer.gateway.errors import GatewayError, invalid
 from producer.gateway.state import Gateway
 from shared import keys
@@ -243,7 +243,7 @@ class BatchJob:
         """Move the batch to ``finalizing`` (no line is recorded after that) and return how
         it ends: ``cancelled`` if a cancel got in first, else ``ending``."""
         moved, found = await self.store.move(self.tenant, self.batch_id, "finalizing",
-                                             ("validating", "in_progress"), ending=ending)
+                                             OPEN, ending=ending)
         if not moved and found == "cancelling":
             ending = "cancelled"
             moved, found = await self.store.move(self.tenant, self.batch_id, "finalizing",

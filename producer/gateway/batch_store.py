@@ -19,7 +19,7 @@ FILE_TTL_S = 30 * 86400  # files, and finished batches, are kept 30 days (OpenAI
 CHUNK = 500  # lines per LRANGE / RPUSH
 TIMES = ("in_progress", "finalizing", "completed", "failed", "expired", "cancelling",
          "cancelled")
-FINAL = {"completed", "failed", "expired", "cancelled"}
+OPEN = ("validating", "in_progress")  # the statuses a cancel, or the runner's end, moves a batch from
 
 # A batch's status moves only along its lifecycle, atomically, so a cancel racing the
 # runner can neither undo an ending nor be lost (KEYS: state; ARGV: new status, time,

@@ -12,7 +12,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from producer.gateway import errors, files
-from producer.gateway.batch_store import new_id, render, valid_id
+from producer.gateway.batch_store import OPEN, new_id, render, valid_id
 from producer.gateway.openai_batch import ENDPOINTS
 from shared import limits as L
 
@@ -83,8 +83,7 @@ async def retrieve(request: HttpRequest) -> Response:
 
 async def cancel(request: HttpRequest) -> Response:
     gw, tenant, store, batch_id, _ = await _state(request)
-    moved, found = await gw.redis_step(store.move(tenant, batch_id, "cancelling",
-                                                  ("validating", "in_progress")))
+    moved, found = await gw.redis_step(store.move(tenant, batch_id, "cancelling", OPEN))
     if moved:
         request.app.state.batch_runner.wake()
     elif not found:
