@@ -91,6 +91,8 @@ class CpuKernels:
         self._bf16dot_tuning = _fn(lib.fleet_bf16dot_tuning, ctypes.c_int)
         self._candidates = _fn(lib.fleet_head_candidates, _P, _I64, _I64, _P, _P, ctypes.c_float, ctypes.c_double,
                                _I64, _P, _P, ctypes.c_int)
+        self._head_argmax = _fn(lib.fleet_head_argmax, _P, _I64, _I64, _P, _I64, _P, ctypes.c_float, ctypes.c_double,
+                                ctypes.c_double, _I64, _I64, _P, _P, _P, _P, _P, ctypes.c_int)
 
     def vectorized(self, heads: int, kv_heads: int, head_dim: int, block_size: int, op: str = "decode") -> bool:
         """Whether the SIMD path (rather than the portable loops) of ``op`` ("decode" or
@@ -304,6 +306,19 @@ class CpuKernels:
         rc = self._candidates(approx.data_ptr(), approx.shape[0], approx.shape[1], xnorm.data_ptr(), wnorm.data_ptr(),
                               wmax, c, idx.shape[1], idx.data_ptr(), count.data_ptr(), torch.get_num_threads())
         return rc == 0   # the kernel runs on every build (greedy_head.c): 0 or 1
+
+    def head_argmax(self, x: torch.Tensor, approx: torch.Tensor, wbound: torch.Tensor, wmax: float, c: float,
+                    min_norm: float, max_union: int, w: torch.Tensor, bufs: dict[str, torch.Tensor]) -> bool:
+        """Each row's greedy token into bufs["tokens"] from the screen's approx [M, N] (greedy_head.c's
+        fleet_head_argmax: |x|, the candidates, the exact fp32 logits of their union over w [N, K]);
+        False where the screen cannot decide. Checked by the caller (greedy_head.py)."""
+        m, k = x.shape
+        rc = self._head_argmax(x.data_ptr(), m, k, approx.data_ptr(), approx.shape[1], wbound.data_ptr(), wmax, c,
+                               min_norm, bufs["idx"].shape[1], max_union, w.data_ptr(), bufs["idx"].data_ptr(),
+                               bufs["count"].data_ptr(), bufs["xnorm"].data_ptr(), bufs["tokens"].data_ptr(),
+                               torch.get_num_threads())
+        _check("head_argmax", rc in (0, 1), f"scratch memory (code {rc})")
+        return rc == 0
 
 
 def _f32_dense(*tensors: torch.Tensor) -> bool:

@@ -21,6 +21,7 @@
  */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <omp.h>
 
@@ -236,4 +237,76 @@ int fleet_head_candidates(const float *approx, int64_t M, int64_t N, const float
         count[m] = failed ? 0 : n;
     }
     return failed;
+}
+
+int fleet_linear(int fmt, const float *x, int64_t M, int64_t N, int64_t K, int64_t G, const void *data,
+                 const void *scales, const void *mins, const float *bias, float *out, int num_threads);
+
+static int cmp_i64(const void *a, const void *b) {
+    const int64_t u = *(const int64_t *)a, v = *(const int64_t *)b;
+    return (u > v) - (u < v);
+}
+
+/* Each row's greedy token from a screen's approx [M][N] (greedy_head.py's GreedyHead.argmax,
+ * after the pass): |x| of each row in double (times 1 + 2^-20, rounded to float, as the bound
+ * takes it), the candidates (fleet_head_candidates, into idx [M][cap] and count [M]), their
+ * union, ascending, the union's columns of w (the head, row-major [N][K] float32) packed as
+ * linear.py's pack_f32 packs them and multiplied by fleet_linear's f32 kernel (the bits of the
+ * full head's columns: its per-column sums do not depend on the columns a call holds), then
+ * each row's largest exact logit, the first of equal ones (the lowest token id, as
+ * torch.argmax takes). Returns 0 with tokens [M] set; 1 where the screen cannot decide (a row
+ * not finite or with |x| below min_norm, more than cap candidates, a union of more than
+ * max_union columns): the caller then takes the full head; 3 where memory ran out. */
+int fleet_head_argmax(const float *x, int64_t M, int64_t K, const float *approx, int64_t N, const float *wbound,
+                      float wmax, double c, double min_norm, int64_t cap, int64_t max_union, const float *w,
+                      int64_t *idx, int64_t *count, float *xnorm, int64_t *tokens, int num_threads) {
+    for (int64_t m = 0; m < M; m++) {
+        double s = 0.;
+        for (int64_t k = 0; k < K; k++) s += (double)x[m * K + k] * (double)x[m * K + k];
+        const double norm = sqrt(s);
+        if (!isfinite(norm) || norm < min_norm) return 1;
+        xnorm[m] = (float)(norm * (1. + 0x1p-20));
+    }
+    if (fleet_head_candidates(approx, M, N, xnorm, wbound, wmax, c, cap, idx, count, num_threads)) return 1;
+    int64_t total = 0;
+    for (int64_t m = 0; m < M; m++) total += count[m];
+    int64_t *cols = malloc((size_t)(total + 1) * sizeof(int64_t));
+    if (!cols) return 3;
+    int64_t n = 0;
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t i = 0; i < count[m]; i++) cols[n++] = idx[m * cap + i];
+    qsort(cols, (size_t)n, sizeof(int64_t), cmp_i64);
+    int64_t u = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (!u || cols[i] != cols[u - 1]) cols[u++] = cols[i];
+    if (u == 0 || u > max_union) {
+        free(cols);
+        return 1;
+    }
+    const int64_t tiles = (u + TILE - 1) / TILE;
+    float *packed = calloc((size_t)(tiles * K * TILE), sizeof(float));   /* padding channels zero */
+    float *exact = malloc((size_t)(M * u) * sizeof(float));
+    int rc = !packed || !exact ? 3 : 0;
+    if (!rc) {
+        for (int64_t t = 0; t < tiles; t++) {   /* k by k, the tile's rows written in order */
+            const float *rows[TILE];
+            const int n_cols = tile_cols(u, t);
+            for (int j = 0; j < n_cols; j++) rows[j] = w + cols[t * TILE + j] * K;
+            float *dst = packed + t * K * TILE;
+            for (int64_t k = 0; k < K; k++)
+                for (int j = 0; j < n_cols; j++) dst[k * TILE + j] = rows[j][k];
+        }
+        rc = fleet_linear(FMT_F32, x, M, u, K, 0, packed, NULL, NULL, NULL, exact, num_threads) ? 3 : 0;
+    }
+    for (int64_t m = 0; !rc && m < M; m++) {
+        const float *e = exact + m * u;
+        int64_t best = 0;
+        for (int64_t j = 1; j < u; j++)
+            if (e[j] > e[best]) best = j;
+        tokens[m] = cols[best];
+    }
+    free(exact);
+    free(packed);
+    free(cols);
+    return rc;
 }

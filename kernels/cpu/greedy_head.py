@@ -154,15 +154,17 @@ class GreedyHead:
         return self   # read-only but for its scratch, which one thread uses at a time (a self-drafter's copy)
 
     def scratch(self, m: int) -> dict[str, torch.Tensor]:
-        """Buffers for m rows: approx [m, V], xpairs, idx [m, cap], count [m]."""
+        """Buffers for m rows: approx [m, V], xpairs, idx [m, cap], count, xnorm and tokens [m]."""
         if m > self._rows:
             self._rows = m
             self._scratch = {"approx": torch.empty(m * self.n), "xpairs": torch.empty(m * self.k, dtype=torch.int32),
                              "idx": torch.empty(m * self.cap, dtype=torch.int64),
-                             "count": torch.empty(m, dtype=torch.int64)}
+                             "count": torch.empty(m, dtype=torch.int64), "xnorm": torch.empty(m),
+                             "tokens": torch.empty(m, dtype=torch.int64)}
         s = self._scratch
         return {"approx": s["approx"][:m * self.n].view(m, self.n), "xpairs": s["xpairs"][:m * self.k],
-                "idx": s["idx"][:m * self.cap].view(m, self.cap), "count": s["count"][:m]}
+                "idx": s["idx"][:m * self.cap].view(m, self.cap), "count": s["count"][:m],
+                "xnorm": s["xnorm"][:m], "tokens": s["tokens"][:m]}
 
     def approx(self, x: torch.Tensor, bufs: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
         """bf16(x) . bf16(W) [M, V] float32 (the screen's pass; into ``bufs["approx"]`` when given)."""
@@ -175,44 +177,53 @@ class GreedyHead:
         self.lib.bf16_dot(x, self.pairs, self.n, bufs["xpairs"], bufs["approx"])
         return bufs["approx"]
 
-    def candidates(self, x: torch.Tensor) -> list[np.ndarray] | None:
-        """Each row's candidate token ids (ascending), or None where the screen cannot decide."""
+    def _checked(self, x: torch.Tensor) -> torch.Tensor | None:
+        """x as float32 [M, K], contiguous; None where this head's screen does not run for M rows."""
         x = x.float().contiguous()
         if x.dim() != 2 or x.shape[1] != self.k:
             raise ValueError(f"x must be [M, {self.k}], got {tuple(x.shape)}")
-        if x.shape[0] > self.int8_rows and not self.bf16:
-            return None   # the bf16 pass does not run here
+        return None if x.shape[0] > self.int8_rows and not self.bf16 else x   # the bf16 pass does not run here
+
+    def _screen(self, x: torch.Tensor, bufs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, float, float]:
+        """The screen's pass over x (int8 codes up to int8_rows rows, else bf16): approx and
+        the bound's per-channel factors, their largest and the row factor c."""
+        if x.shape[0] <= self.int8_rows:
+            self.lib.linear(x, self.codes, None, bufs["approx"])   # checked here: x [M, K] float32, approx [M, N]
+            return bufs["approx"], self.wbound8, self.wmax8, NORM_SLACK
+        return self.approx(x, bufs), self.wnorm, self.wmax, self.c
+
+    def candidates(self, x: torch.Tensor) -> list[np.ndarray] | None:
+        """Each row's candidate token ids (ascending), or None where the screen cannot decide
+        (for inspection and tests: :meth:`argmax` runs the same steps in one C call)."""
+        x = self._checked(x)
+        if x is None:
+            return None
         xnorm = x.double().norm(dim=1)
         if not bool(torch.isfinite(xnorm).all()) or bool((xnorm < MIN_NORM).any()):
             return None
         xnorm = (xnorm * (1 + 2 ** -20)).float()
         bufs = self.scratch(x.shape[0])
         idx, count = bufs["idx"], bufs["count"]
-        if x.shape[0] <= self.int8_rows:
-            approx = bufs["approx"]
-            self.lib.linear(x, self.codes, None, approx)   # checked here: x [M, K] float32, approx [M, N]
-            decided = self.lib.head_candidates(approx, xnorm, self.wbound8, self.wmax8, NORM_SLACK, idx, count)
-        else:
-            approx = self.approx(x, bufs)
-            decided = self.lib.head_candidates(approx, xnorm, self.wnorm, self.wmax, self.c, idx, count)
-        if not decided:
+        approx, wbound, wmax, c = self._screen(x, bufs)
+        if not self.lib.head_candidates(approx, xnorm, wbound, wmax, c, idx, count):
             return None
         rows, counts = idx.numpy(), count.tolist()
         return [rows[m, :counts[m]].copy() for m in range(len(counts))]   # not views of the scratch
 
     def argmax(self, x: torch.Tensor) -> list[int] | None:
         """Each row's greedy token, as ``argmax(x @ weight.T)`` through the packed f32 head
-        would give it; None where the screen cannot decide (take the full head then)."""
+        would give it; None where the screen cannot decide (take the full head then). The
+        pass, then one C call (``fleet_head_argmax``): |x|, the candidates, their union's
+        exact fp32 logits through a packed copy of their columns, each row's largest."""
         if x.shape[0] == 0:
             return []
         if self.max_rows is not None and x.shape[0] > self.max_rows:
             return None
-        cands = self.candidates(x)
-        if cands is None:
+        x = self._checked(x)
+        if x is None:
             return None
-        union = np.unique(np.concatenate(cands))
-        if len(union) > self.max_union:
+        bufs = self.scratch(x.shape[0])
+        approx, wbound, wmax, c = self._screen(x, bufs)
+        if not self.lib.head_argmax(x, approx, wbound, wmax, c, MIN_NORM, self.max_union, self.weight, bufs):
             return None
-        sub = packed_linear.pack_f32(self.weight[torch.from_numpy(union)])
-        exact = packed_linear.linear(x.float().contiguous(), sub).numpy()   # [M, |union|], the head's bits
-        return union[exact.argmax(axis=1)].tolist()
+        return bufs["tokens"].tolist()
