@@ -82,6 +82,8 @@ class CpuKernels:
         self._int4_quads = _fn(lib.fleet_int4_quads, _I64, _I64)
         self._quads_prefetch = _fn(lib.fleet_quads_prefetch, ctypes.c_int)
         self._quads_split = _fn(lib.fleet_quads_split, ctypes.c_int)
+        self._int8_lay = _fn(lib.fleet_int8_lay, _P, _I64, _I64, _P, _P)
+        self._int8_laid = _fn(lib.fleet_linear_int8_laid, _P, _I64, _I64, _I64, _P, _P, _P, _P, ctypes.c_int)
         self._w8a8 = _fn(lib.fleet_linear_w8a8, _P, _I64, _I64, _I64, _I64, _P, _P, _P, _P, _P, ctypes.c_int)
         self._w8a8_supported = _fn(lib.fleet_linear_w8a8_supported)
         # The LM head's bf16 screen (greedy_head.c; kernels.cpu.greedy_head): "native" on
@@ -264,6 +266,27 @@ class CpuKernels:
                           0 if w.scales is None else w.scales.data_ptr(), 0 if w.mins is None else w.mins.data_ptr(),
                           0 if bias is None else bias.data_ptr(), out.data_ptr(), torch.get_num_threads())
         _check("linear", rc == 0, f"a format and group the kernel serves (code {rc})")
+
+    def int8_lay(self, w) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """A per-channel int8 linear.PackedWeight's codes laid out once as the two-byte path's
+        integer dot products read them (linear_digits.c: codes [N/32, K/4, 32, 4], offsets
+        [N/32, K/64, 32]); None where that path does not run here (AVX512_VNNI without AMX, K a
+        multiple of 64)."""
+        if w.fmt != "int8" or w.group != w.k:
+            return None
+        tiles = -(-w.n // 32)
+        codes = torch.empty(tiles * w.k * 32, dtype=torch.int8)
+        comp = torch.empty(tiles * max(w.k // 64, 1) * 32, dtype=torch.int32)
+        if self._int8_lay(w.data.data_ptr(), w.n, w.k, codes.data_ptr(), comp.data_ptr()):
+            return None
+        return codes, comp
+
+    def linear_int8_laid(self, x: torch.Tensor, laid: tuple[torch.Tensor, torch.Tensor], w, out: torch.Tensor) -> None:
+        """out [M, N] = x [M, K] W^T through :meth:`int8_lay`'s codes of ``w`` (x as two bytes a
+        value, integer sums: linear_digits.c); checked by the caller."""
+        rc = self._int8_laid(x.data_ptr(), x.shape[0], w.n, w.k, laid[0].data_ptr(), laid[1].data_ptr(),
+                             w.scales.data_ptr(), out.data_ptr(), torch.get_num_threads())
+        _check("linear_int8_laid", rc == 0, f"AVX512_VNNI, K a multiple of 64, scratch memory (code {rc})")
 
     def linear_silu_mul(self, x: torch.Tensor, w, bias: torch.Tensor | None, out: torch.Tensor) -> bool:
         """out [M, N / 2] = silu(y[:, :N / 2]) * y[:, N / 2:], y = x W^T (+ bias), for a checked

@@ -21,20 +21,27 @@ The first of equal maxima wins, as in ``torch.argmax``, since every tie of the w
 candidate. So the token is the one the full fp32 head gives, not an approximation of it.
 
 Calls of up to ``int8_rows`` rows (8 by default) screen over int8 codes of the head instead
-(one scale a channel, ``linear.c``'s per-channel int8 kernel with x in float32): a quarter of
-the fp32 bytes, half the bf16's, where a step of few rows is bound by the head's stream. Its
-bound is built the same way, from the codes' own residual r_j = s_j q_j - w_j (exact, in
-float64) rather than the bf16 roundings:
+(one scale a channel): a quarter of the fp32 bytes, half the bf16's, where a step of few rows
+is bound by the head's stream. On CPUs with AVX512_VNNI and no AMX the codes are laid out once,
+at load, as vpdpbusd reads them, and x goes as two bytes a value (``linear_digits.c``: integer
+sums, no per-call layout; the float path's multiply-adds made 4 and 8 rows compute-bound
+there); elsewhere ``linear.c``'s per-channel int8 kernel runs with x in float32. Its bound is
+built the same way, from the codes' own residual r_j = s_j q_j - w_j (exact, in float64)
+rather than the bf16 roundings:
 
-    |approx_j - fp32_j| <= |x| (|r_j| + c8 (|s_j q_j| + |w_j|)),   c8 = (2 K + 9) u_f32 + 2^-15,
+    |approx_j - fp32_j| <= |x| (|r_j| + c8 (|s_j q_j| + |w_j|)),   c8 = (2 K + 9) u_f32 + 2^-12,
 
 Cauchy-Schwarz on the residual, then every rounding a float32 evaluation could add: the fp32
-head's sum of K products, the screen's (K products and the scale applied after the sum, or,
-on the kernel's AMX path from 16 rows, which carries x as two bf16, hi + lo, 2 K products:
-hence 2 K + 9), and 2^-15 above the 2^-18 of x that hi + lo leave out. The per-channel part in
-parentheses is computed once at load, in float64, rounded up, and the same candidate test
-applies (on SmolLM2's real decode states: median 2 candidates a row, mean 4.6, at most 43;
-the bf16 screen's 2, 2.9 and 22).
+head's sum of K products, the screen's (K products and the scale applied after the sum; on
+the kernel's AMX path from 16 rows, which carries x as two bf16, hi + lo, 2 K products; on
+the two-byte path K / 64 + 2 roundings of the folds: hence 2 K + 9), and 2^-12 for x itself:
+the two-byte path rounds each x to within 2^-16 (1 + 2^-8) of its group of 64's largest
+|x|, which is at most 8 (1 + 2^-8) 2^-16 |x| over the row (2^-12.99), and hi + lo leave out
+2^-18 of each value. The per-channel part in parentheses is computed once at load, in
+float64, rounded up, and the same candidate test applies (on SmolLM2's real decode states:
+median 2 candidates a row, mean 4.6, at most 43, with 2^-15 for x before the two-byte path;
+the bf16 screen's 2, 2.9 and 22. 196 greedy states of four chat prompts: median 3, mean 5.41,
+at most 43 with 2^-12; 3, 5.08 and 35 with 2^-15).
 
 It returns None (the caller then takes the full head) where the screen cannot decide: a
 row with a non-finite value or a tiny |x|, more than ``cap`` candidates, or a union too
@@ -47,6 +54,8 @@ without AVX512_BF16 the screen widens the bf16 values to float32 and multiplies 
 fp32 head's multiply-adds, so not past a few rows; ``max_rows`` then declines larger calls.
 """
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import torch
@@ -107,7 +116,7 @@ def int8_channel_bounds(w: torch.Tensor, codes: torch.Tensor, scale: torch.Tenso
     """Per channel, |r_j| + c8 (|s_j q_j| + |w_j|) of the module docstring, rounded up to float32."""
     w64 = w.double()
     what = codes.double() * scale.double()[:, None]   # exact: a float32 times a 7-bit integer
-    c8 = (2 * w.shape[1] + 9) * U_F32 + 2.0 ** -15
+    c8 = (2 * w.shape[1] + 9) * U_F32 + 2.0 ** -12
     b = (what - w64).norm(dim=1) + c8 * (what.norm(dim=1) + w64.norm(dim=1))
     return (b.clamp_min(MIN_NORM) * (1 + 2 ** -20)).float()
 
@@ -143,9 +152,14 @@ class GreedyHead:
         self.cap, self.max_union = cap, int(max_union * self.n)
         # The int8 screen for calls of up to int8_rows rows (0: none; settable, for A/B runs where
         # the bf16 pass runs) (the codes, 28 MB for SmolLM2, only where it is on at construction).
+        self.laid = None
         if self.int8_rows:
             codes, scale = quantize_int8(self.weight)   # one scale a channel, max |w_j| / 127
             self.codes = packed_linear.pack_int8(codes, scale)
+            # Laid out for the two-byte path where it runs (then the tiles' codes are not kept).
+            self.laid = self.lib.int8_lay(self.codes)
+            if self.laid is not None:
+                self.codes = dataclasses.replace(self.codes, data=self.codes.data[:0])
             self.wbound8 = int8_channel_bounds(self.weight, codes, scale).contiguous()
             self.wmax8 = float(self.wbound8.max())
         self._rows, self._scratch = 0, {}   # buffers for up to _rows rows, kept: no page faults a step
@@ -188,9 +202,17 @@ class GreedyHead:
         """The screen's pass over x (int8 codes up to int8_rows rows, else bf16): approx and
         the bound's per-channel factors, their largest and the row factor c."""
         if x.shape[0] <= self.int8_rows:
-            self.lib.linear(x, self.codes, None, bufs["approx"])   # checked here: x [M, K] float32, approx [M, N]
-            return bufs["approx"], self.wbound8, self.wmax8, NORM_SLACK
+            return self.int8_approx(x, bufs["approx"]), self.wbound8, self.wmax8, NORM_SLACK
         return self.approx(x, bufs), self.wnorm, self.wmax, self.c
+
+    def int8_approx(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """x [M, K] float32 (contiguous) times the int8 codes [M, V]: the int8 screen's pass."""
+        out = torch.empty(x.shape[0], self.n) if out is None else out
+        if self.laid is not None:
+            self.lib.linear_int8_laid(x, self.laid, self.codes, out)   # checked here: x [M, K], out [M, N]
+        else:
+            self.lib.linear(x, self.codes, None, out)
+        return out
 
     def candidates(self, x: torch.Tensor) -> list[np.ndarray] | None:
         """Each row's candidate token ids (ascending), or None where the screen cannot decide

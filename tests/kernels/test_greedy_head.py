@@ -11,6 +11,7 @@ import torch
 from kernels.cpu import greedy_head, process_kernels
 from kernels.cpu import linear as packed_linear
 from kernels.cpu.greedy_head import GreedyHead, bound_factor, pack_pairs, reference_bf16_dot
+from kernels.quantize import quantize_int8
 
 pytestmark = pytest.mark.skipif(not greedy_head.available(), reason="the screen needs the C kernels' AVX2 or AVX-512 path")
 
@@ -188,7 +189,7 @@ def test_the_int8_screens_bound_holds(m, n, k):
     w[n // 2] = 0
     w[1, 0] = 40.0   # one outlier: a coarse scale for that channel
     g = head(w, int8_rows=m)
-    got = packed_linear.linear(x, g.codes).double()   # the kernel the screen calls
+    got = g.int8_approx(x).double()   # the kernel the screen calls
     exact = x.double() @ w.double().T
     bound = x.double().norm(dim=1)[:, None] * g.wbound8.double()[None, :]
     assert bool(((got - exact).abs() <= bound).all())
@@ -201,8 +202,8 @@ def test_the_int8_screen_takes_small_calls_and_the_bf16_pass_the_rest(monkeypatc
     gen = torch.Generator().manual_seed(11)
     w = torch.randn(3000, 256, generator=gen) * 0.05
     g = head(w, int8_rows=4)
-    calls, real = [], g.lib.linear
-    monkeypatch.setattr(g.lib, "linear", lambda x, wt, *a: calls.append((x.shape[0], wt.fmt)) or real(x, wt, *a))
+    calls, real = [], g.int8_approx
+    monkeypatch.setattr(g, "int8_approx", lambda x, *a: calls.append((x.shape[0], "int8")) or real(x, *a))
     for m in (1, 4, 5, 9):
         x = loud_rows(m, 256, gen)
         assert g.argmax(x) == (full_argmax(x, w) if g.bf16 or m <= 4 else None)
@@ -222,3 +223,25 @@ def test_without_the_bf16_pass_it_needs_the_int8_screen(monkeypatch):
     assert g.candidates(torch.cat([x, x])) is None
     with pytest.raises(RuntimeError, match="AVX-512"):
         g.approx(x)
+
+
+@pytest.mark.parametrize("m", [1, 3, 8, 13])
+def test_codes_laid_out_at_load_give_the_two_byte_paths_bits(m):
+    # Where the two-byte path runs (AVX512_VNNI, no AMX), the screen's codes are laid out once
+    # and give the bits that path gives laying each tile out per call.
+    lib = process_kernels()
+    gen = torch.Generator().manual_seed(20 + m)
+    w = torch.randn(1000, 128, generator=gen) * torch.logspace(-2, 0, 1000)[:, None]
+    g = head(w, int8_rows=16)
+    if g.laid is None:
+        pytest.skip("the two-byte int8 path does not run on this CPU")
+    x = loud_rows(m, 128, gen)
+    codes, scale = quantize_int8(w)
+    before = lib.digit_rows()
+    try:
+        lib.digit_rows(1)   # every per-channel int8 call through the two-byte path
+        want = packed_linear.linear(x, packed_linear.pack_int8(codes, scale))
+    finally:
+        lib.digit_rows(before)
+    assert torch.equal(g.int8_approx(x), want)
+    assert g.codes.data.numel() == 0   # the tiles' own codes are not kept beside the laid ones
