@@ -42,6 +42,14 @@ FORMATS = {
 CALLS = {f: packed_linear.linear_w8a8 for f in FORMATS if f.startswith("w8a8")}   # the rest: packed_linear.linear
 
 
+def _non_negative(text: str) -> int:
+    """argparse type: an integer >= 0 (the C tunings read -1 as "this CPU's default": leave the flag out for that)."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 (leave it out for this CPU's default), got {value}")
+    return value
+
+
 def _runs_in_c(name: str) -> bool:
     """The C kernel (not the torch reference) serves format ``name`` here."""
     return packed_linear.supported("w8a8" if name.startswith("w8a8") else name.split("g")[0])
@@ -55,9 +63,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-torch", action="store_true", help="skip torch's F.linear (slow at many rows)")
     p.add_argument("--one-row-prefetch", choices=("default", "on", "off"), default="default",
                    help="few-row calls' prefetch into L1 (kernels/cpu/linear.c; default: this CPU's)")
-    p.add_argument("--quads-prefetch", type=int, default=None,
+    p.add_argument("--quads-prefetch", type=_non_negative, default=None,
                    help="int4 quads' prefetch distance in bytes (0: off; default: this CPU's)")
-    p.add_argument("--quads-split", type=int, default=None,
+    p.add_argument("--quads-split", type=_non_negative, default=None,
                    help="from how many rows int4 quads split nibbles into a buffer (0: never; default: this CPU's)")
     p.add_argument("--json", type=Path, default=None)
 
@@ -130,9 +138,9 @@ def run(args: argparse.Namespace) -> int:
     if args.one_row_prefetch != "default":
         packed_linear.tuning(one_row_prefetch=args.one_row_prefetch == "on")
     if args.quads_prefetch is not None:
-        packed_linear.quads_prefetch(max(-1, args.quads_prefetch))
+        packed_linear.quads_prefetch(args.quads_prefetch)
     if args.quads_split is not None:
-        packed_linear.quads_split(max(-1, args.quads_split))
+        packed_linear.quads_split(args.quads_split)
     cfg = load_model_config(resolve_model_dir(args.model))
     rows = [int(r) for r in args.rows.split(",")]
     results = []
