@@ -35,9 +35,10 @@ Cauchy-Schwarz on the residual, then every rounding a float32 evaluation could a
 head's sum of K products, the screen's (K products and the scale applied after the sum; on
 the kernel's AMX path from 16 rows, which carries x as two bf16, hi + lo, 2 K products; on
 the two-byte path K / 64 + 2 roundings of the folds: hence 2 K + 9), and 2^-12 for x itself:
-the two-byte path rounds each x to within 2^-16 (1 + 2^-8) of its group of 64's largest
-|x|, which is at most 8 (1 + 2^-8) 2^-16 |x| over the row (2^-12.99), and hi + lo leave out
-2^-18 of each value. The per-channel part in parentheses is computed once at load, in
+the two-byte path rounds each x to within 2^-16 (1 + 2^-7) of its group of 64's largest
+|x| (half a step of max / 32767, the step and the division rounded in float32), which is at
+most 8 (1 + 2^-7) 2^-16 |x| over the row (under 2^-12.98), and hi + lo leave out 2^-18 of each
+value. The per-channel part in parentheses is computed once at load, in
 float64, rounded up, and the same candidate test applies (on SmolLM2's real decode states:
 median 2 candidates a row, mean 4.6, at most 43, with 2^-15 for x before the two-byte path;
 the bf16 screen's 2, 2.9 and 22. 196 greedy states of four chat prompts: median 3, mean 5.41,
