@@ -93,6 +93,7 @@ class CpuKernels:
         self._bf16dot_tuning = _fn(lib.fleet_bf16dot_tuning, ctypes.c_int)
         self._candidates = _fn(lib.fleet_head_candidates, _P, _I64, _I64, _P, _P, ctypes.c_float, ctypes.c_double,
                                _I64, _P, _P, ctypes.c_int)
+        self._head_xnorm = _fn(lib.fleet_head_xnorm, _P, _I64, _I64, ctypes.c_double, _P)
         self._head_argmax = _fn(lib.fleet_head_argmax, _P, _I64, _I64, _P, _I64, _P, ctypes.c_float, ctypes.c_double,
                                 ctypes.c_double, _I64, _I64, _P, _P, _P, _P, _P, ctypes.c_int)
 
@@ -329,6 +330,11 @@ class CpuKernels:
         rc = self._candidates(approx.data_ptr(), approx.shape[0], approx.shape[1], xnorm.data_ptr(), wnorm.data_ptr(),
                               wmax, c, idx.shape[1], idx.data_ptr(), count.data_ptr(), torch.get_num_threads())
         return rc == 0   # the kernel runs on every build (greedy_head.c): 0 or 1
+
+    def head_xnorm(self, x: torch.Tensor, min_norm: float, out: torch.Tensor) -> bool:
+        """|x| of each row of x [M, K] (float32, contiguous), in double, times 1 + 2^-20, into out
+        [M] float32 (greedy_head.c); False where a row is not finite or its |x| is below min_norm."""
+        return self._head_xnorm(x.data_ptr(), x.shape[0], x.shape[1], min_norm, out.data_ptr()) == 0
 
     def head_argmax(self, x: torch.Tensor, approx: torch.Tensor, wbound: torch.Tensor, wmax: float, c: float,
                     min_norm: float, max_union: int, w: torch.Tensor, bufs: dict[str, torch.Tensor]) -> bool:

@@ -247,6 +247,20 @@ static int cmp_i64(const void *a, const void *b) {
     return (u > v) - (u < v);
 }
 
+/* |x| of each row of x [M][K] in double, times 1 + 2^-20, rounded to float (as the bound takes
+ * it), into xnorm [M]. Returns 0; 1 where a row is not finite or its |x| is below min_norm (the
+ * screen cannot decide it). */
+int fleet_head_xnorm(const float *x, int64_t M, int64_t K, double min_norm, float *xnorm) {
+    for (int64_t m = 0; m < M; m++) {
+        double s = 0.;
+        for (int64_t k = 0; k < K; k++) s += (double)x[m * K + k] * (double)x[m * K + k];
+        const double norm = sqrt(s);
+        if (!isfinite(norm) || norm < min_norm) return 1;
+        xnorm[m] = (float)(norm * (1. + 0x1p-20));
+    }
+    return 0;
+}
+
 /* Each row's greedy token from a screen's approx [M][N] (greedy_head.py's GreedyHead.argmax,
  * after the pass): |x| of each row in double (times 1 + 2^-20, rounded to float, as the bound
  * takes it), the candidates (fleet_head_candidates, into idx [M][cap] and count [M]), their
@@ -260,13 +274,7 @@ static int cmp_i64(const void *a, const void *b) {
 int fleet_head_argmax(const float *x, int64_t M, int64_t K, const float *approx, int64_t N, const float *wbound,
                       float wmax, double c, double min_norm, int64_t cap, int64_t max_union, const float *w,
                       int64_t *idx, int64_t *count, float *xnorm, int64_t *tokens, int num_threads) {
-    for (int64_t m = 0; m < M; m++) {
-        double s = 0.;
-        for (int64_t k = 0; k < K; k++) s += (double)x[m * K + k] * (double)x[m * K + k];
-        const double norm = sqrt(s);
-        if (!isfinite(norm) || norm < min_norm) return 1;
-        xnorm[m] = (float)(norm * (1. + 0x1p-20));
-    }
+    if (fleet_head_xnorm(x, M, K, min_norm, xnorm)) return 1;
     if (fleet_head_candidates(approx, M, N, xnorm, wbound, wmax, c, cap, idx, count, num_threads)) return 1;
     int64_t total = 0;
     for (int64_t m = 0; m < M; m++) total += count[m];

@@ -221,12 +221,10 @@ class GreedyHead:
         x = self._checked(x)
         if x is None:
             return None
-        xnorm = x.double().norm(dim=1)
-        if not bool(torch.isfinite(xnorm).all()) or bool((xnorm < MIN_NORM).any()):
-            return None
-        xnorm = (xnorm * (1 + 2 ** -20)).float()
         bufs = self.scratch(x.shape[0])
-        idx, count = bufs["idx"], bufs["count"]
+        idx, count, xnorm = bufs["idx"], bufs["count"], bufs["xnorm"]
+        if not self.lib.head_xnorm(x, MIN_NORM, xnorm):   # the same step as argmax's C call
+            return None
         approx, wbound, wmax, c = self._screen(x, bufs)
         if not self.lib.head_candidates(approx, xnorm, wbound, wmax, c, idx, count):
             return None
