@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 
 SOURCES = ("paged_decode.c", "paged_prefill.c", "glue.c", "linear.c", "linear_amx.c", "linear_w8a8.c",
            "linear_digits.c", "decode_layers.c", "greedy_head.c")
-HEADERS = ("simd.h", "paged.h", "linear.h", "tile_decode.h")
+HEADERS = ("kernels.h", "simd.h", "paged.h", "linear.h", "tile_decode.h")
 # -ffp-contract=off: no fused multiply-adds beyond the ones the kernels ask for, so the glue
 # rounds as torch does (glue.c).
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC", "-std=gnu11")

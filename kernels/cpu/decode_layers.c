@@ -18,7 +18,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#define FMT_F32 0    /* linear.c's f32 format code */
+#include "linear.h"
+
 #define FMT_W8A8 4   /* after linear.c's f32, bf16, int8, int4: the W8A8 kernel (linear_w8a8.c) */
 
 typedef struct {        /* one packed projection (linear.py's PackedWeight) */
@@ -41,22 +42,6 @@ typedef struct {        /* the step: shapes and the attention plan, shared by ev
     const int64_t *positions, *slots, *tables, *lens;   /* [n], [n], [n, table_stride], [n] */
     const float *cos_table, *sin_table;                 /* [*, rope_stride] */
 } fleet_step_t;
-
-int fleet_add_rms_norm_f32(const float *x, float *residual, const float *w, float *out, int64_t n, int64_t h,
-                           float eps, int num_threads);
-int fleet_rope_f32(float *q, int64_t q_stride, float *k, int64_t k_stride, int64_t n, int64_t H, int64_t KVH,
-                   int64_t D, const int64_t *positions, const float *cos_table, const float *sin_table,
-                   int64_t table_stride, int num_threads);
-int fleet_silu_mul_f32(const float *x, float *out, int64_t n, int64_t inter, int num_threads);
-int fleet_paged_decode_f32(const float *q, int64_t q_stride, const float *k_cache, const float *v_cache,
-                           const int64_t *tables, int64_t table_stride, const int64_t *lens, int64_t n, int64_t H,
-                           int64_t KVH, int64_t D, int64_t bs, float scale, float *out, int num_threads);
-int fleet_linear_w8a8(const float *x, int64_t M, int64_t N, int64_t K, int64_t G, const int8_t *codes,
-                      const float *scales, const int32_t *comps, const float *bias, float *out, int num_threads);
-int fleet_linear(int fmt, const float *x, int64_t M, int64_t N, int64_t K, int64_t G, const void *data,
-                 const void *scales, const void *mins, const float *bias, float *out, int num_threads);
-int fleet_linear_silu_mul(const float *x, int64_t M, int64_t N, int64_t K, const void *data, const float *bias,
-                          float *out, int num_threads);
 
 /* Floats of scratch that fleet_decode_layers needs for n rows. */
 int64_t fleet_decode_scratch(const fleet_step_t *s) {

@@ -12,6 +12,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "kernels.h"   /* the prototypes of the functions defined here */
 #include "simd.h"
 
 #define PAR_ROWS 8   /* fewer rows than this run on the calling thread */

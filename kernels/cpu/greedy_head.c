@@ -239,9 +239,6 @@ int fleet_head_candidates(const float *approx, int64_t M, int64_t N, const float
     return failed;
 }
 
-int fleet_linear(int fmt, const float *x, int64_t M, int64_t N, int64_t K, int64_t G, const void *data,
-                 const void *scales, const void *mins, const float *bias, float *out, int num_threads);
-
 static int cmp_i64(const void *a, const void *b) {
     const int64_t u = *(const int64_t *)a, v = *(const int64_t *)b;
     return (u > v) - (u < v);

@@ -1,9 +1,10 @@
-/* What the packed-weight matmuls (linear.c, linear_w8a8.c) share: the tile width, the
- * register block and the masked store of a block's results. */
+/* What the packed-weight matmuls (linear.c, linear_w8a8.c, linear_digits.c, linear_amx.c) share:
+ * the tile width, the register block and the masked store of a block's results. */
 #ifndef FLEET_LINEAR_H
 #define FLEET_LINEAR_H
 #include <stdint.h>
 
+#include "kernels.h"
 #include "simd.h"
 
 #define TILE 32        /* output channels per tile of a packed weight */

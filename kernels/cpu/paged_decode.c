@@ -59,6 +59,7 @@
  * runtime settings (fleet_paged_decode_tuning) so that an A/B runs in one process. */
 static int pf_tiles = 2, pf_l2 = 1;
 
+#include "kernels.h"   /* the prototype of fleet_paged_decode_f32 */
 #include "paged.h"
 #include "simd.h"
 
