@@ -63,6 +63,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-torch", action="store_true", help="skip torch's F.linear (slow at many rows)")
     p.add_argument("--one-row-prefetch", choices=("default", "on", "off"), default="default",
                    help="few-row calls' prefetch into L1 (kernels/cpu/linear.c; default: this CPU's)")
+    p.add_argument("--codes-halves", choices=("default", "on", "off"), default="default",
+                   help="AVX2: int8 at 4-8 rows and int4 at 4-5 decoded in registers by halves, not "
+                        "into a buffer (kernels/cpu/linear.c; default: on in AVX2 builds)")
     p.add_argument("--quads-prefetch", type=_non_negative, default=None,
                    help="int4 quads' prefetch distance in bytes (0: off; default: this CPU's)")
     p.add_argument("--quads-split", type=_non_negative, default=None,
@@ -137,6 +140,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"note: no C kernel on this CPU for {slow}: timing the pure-torch reference")
     if args.one_row_prefetch != "default":
         packed_linear.tuning(one_row_prefetch=args.one_row_prefetch == "on")
+    if args.codes_halves != "default":
+        packed_linear.tuning(codes_halves=args.codes_halves == "on")
     if args.quads_prefetch is not None:
         packed_linear.quads_prefetch(args.quads_prefetch)
     if args.quads_split is not None:

@@ -82,6 +82,7 @@ class CpuKernels:
         self._int4_quads = _fn(lib.fleet_int4_quads, _I64, _I64)
         self._quads_prefetch = _fn(lib.fleet_quads_prefetch, ctypes.c_int)
         self._quads_split = _fn(lib.fleet_quads_split, ctypes.c_int)
+        self._codes_halves = _fn(lib.fleet_codes_halves, ctypes.c_int)
         self._int8_lay = _fn(lib.fleet_int8_lay, _P, _I64, _I64, _P, _P)
         self._int8_laid = _fn(lib.fleet_linear_int8_laid, _P, _I64, _I64, _I64, _P, _P, _P, _P, ctypes.c_int)
         self._w8a8 = _fn(lib.fleet_linear_w8a8, _P, _I64, _I64, _I64, _I64, _P, _P, _P, _P, _P, ctypes.c_int)
@@ -207,12 +208,14 @@ class CpuKernels:
         return bool(self._linear_supported(fmt))
 
     def linear_tuning(self, prefetch_far: bool | None, f32_pairs: bool | None,
-                      wide_prefetch: bool | None = None, one_row_prefetch: bool | None = None) -> dict[str, bool]:
+                      wide_prefetch: bool | None = None, one_row_prefetch: bool | None = None,
+                      codes_halves: bool | None = None) -> dict[str, bool]:
         """Sets the matmuls' speed tunings where not None (linear.c); returns them as they are then."""
         knobs = (prefetch_far, f32_pairs, wide_prefetch, one_row_prefetch)
         code = self._linear_tuning(*(-2 if v is None else int(v) for v in knobs))
+        halves = self._codes_halves(-1 if codes_halves is None else int(codes_halves))
         return {"prefetch_far": bool(code & 1), "f32_pairs": bool(code & 2), "wide_prefetch": bool(code & 4),
-                "one_row_prefetch": bool(code & 8)}
+                "one_row_prefetch": bool(code & 8), "codes_halves": bool(halves)}
 
     def digit_rows(self, rows: int | None = None) -> int:
         """Sets from how many rows per-channel int8 and grouped int4 calls take the two-byte

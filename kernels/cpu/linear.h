@@ -142,6 +142,7 @@ int fleet_prefetch_far(void);
 #define PF_ONE_MIN TILE
 #endif
 int fleet_prefetch_one_row(void);
+int fleet_codes_halves(int on);   /* AVX2: int8 / int4 tiles in halves decoded in registers (linear.c); -1 asks */
 typedef struct {
     const char *p;   /* what goes with k = 0, or NULL */
     int64_t step;    /* bytes a k */

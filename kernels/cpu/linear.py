@@ -288,18 +288,23 @@ def _library():
 
 
 def tuning(*, prefetch_far: bool | None = None, f32_pairs: bool | None = None,
-           wide_prefetch: bool | None = None, one_row_prefetch: bool | None = None) -> dict[str, bool]:
-    """The matmuls' four speed tunings, set where given, as they are afterwards:
+           wide_prefetch: bool | None = None, one_row_prefetch: bool | None = None,
+           codes_halves: bool | None = None) -> dict[str, bool]:
+    """The matmuls' five speed tunings, set where given, as they are afterwards:
     ``prefetch_far`` (prefetch into L2, and calls of 2-7 rows ahead of their own stream),
     ``f32_pairs`` (f32 past 48 rows in blocks of 6 rows x 64 channels), ``wide_prefetch``
     (f32 calls of 25-48 rows prefetch the next tile in their passes, as calls of 9-24 rows
     always do) and ``one_row_prefetch`` (one-row calls prefetch ahead of their own stream:
     bf16 and int8 codes; in AVX2 builds int8, int4 and W8A8). The first three are on by default
     on Intel CPUs and off on AMD, where they were not measured faster; the fourth on Intel and
-    in AVX2 builds (on AMD Zen 4 it was slower: ``linear.c``). None
+    in AVX2 builds (on AMD Zen 4 it was slower: ``linear.c``); ``codes_halves`` (AVX2 builds
+    only, on there: int8 calls of 4-8 rows and int4 calls of 4-5 run each
+    tile in halves of 16 channels decoded in registers rather than through a float32 buffer,
+    the same products: ``linear.c``, ``codes_tile_rows``). None
     changes a result; ``tuning(**previous)`` puts them back. {} where the kernels did not build."""
     lib = _library()
-    return {} if lib is None else lib.linear_tuning(prefetch_far, f32_pairs, wide_prefetch, one_row_prefetch)
+    return {} if lib is None else lib.linear_tuning(prefetch_far, f32_pairs, wide_prefetch, one_row_prefetch,
+                                                    codes_halves)
 
 
 @functools.cache

@@ -111,25 +111,28 @@ def test_avx512_decoded_rows_are_the_same_bits_in_every_call_past_eight_rows(fmt
 @pytest.mark.skipif(L._library() is None or L._library().simd != "avx2", reason="the AVX2 build's decoded-tile halves")
 @pytest.mark.parametrize("fmt,group,m", [(f, g, m) for f, g in (("bf16", None), ("int8", None), ("int8", 64),
                                                                   ("int4", 32), ("f32", None))
-                                          for m in (4, 5, 7, 8, 16, 49) if (f, m) != ("f32", 4)])
+                                          for m in (4, 5, 6, 7, 8, 9, 16, 49) if (f, m) != ("f32", 4)])
 def test_avx2_tiles_of_a_few_rows_are_the_bits_of_a_prefill_call(fmt, group, m):
     """AVX2: from 4 rows a bf16, int8 or int4 tile is decoded once into the buffer, and from 5
     rows an f32 tile is copied there (linear.c, HALF_ROWS); halves of 16 channels read it in
     blocks of up to 6 rows of near-equal size, prefetching the next tile up to 48 rows, as in
     a call of hundreds of rows: every row is one chain of multiply-adds in k order, so the
-    same bits (f32 at 4 rows takes the 3-row blocks, whose lone last row sums in two chains)."""
+    same bits (f32 at 4 rows takes the 3-row blocks, whose lone last row sums in two chains).
+    int8 at 4-8 rows and int4 at 4-5 decode each half in registers instead (codes_tile_rows):
+    the same weights and chains, so the same bits again."""
     gen = torch.Generator().manual_seed(m * 10 + len(fmt))
     w = _pack(fmt, torch.randn(100, 576, generator=gen) * 0.05, group)
     x, bias = torch.randn(300, 576, generator=gen), torch.randn(100, generator=gen)
     assert torch.equal(L.linear(x[:m], w, bias), L.linear(x, w, bias)[:m])
 
 
-@pytest.mark.parametrize("knob", ["prefetch_far", "f32_pairs", "wide_prefetch", "one_row_prefetch"])
+@pytest.mark.parametrize("knob", ["prefetch_far", "f32_pairs", "wide_prefetch", "one_row_prefetch", "codes_halves"])
 def test_the_cpu_tunings_change_speed_only(knob):
     """Where the matmuls prefetch (L2 and further ahead on Intel, L1 on AMD; one-row calls
     ahead of their own stream, over bf16 and int8 codes or, in AVX2 builds, int8, int4 and
-    W8A8; f32 calls of 25-48 rows the next tile) and whether f32 past 48 rows takes the 6 x 64 blocks (Intel) or
-    the 8 x 32 ones: every result is the same bits either way, and the setting reads back."""
+    W8A8; f32 calls of 25-48 rows the next tile), whether f32 past 48 rows takes the 6 x 64 blocks (Intel) or
+    the 8 x 32 ones, and whether AVX2 decodes int8 / int4 tiles of a few rows in registers or
+    into the buffer: every result is the same bits either way, and the setting reads back."""
     gen = torch.Generator().manual_seed(7)
     small = torch.randn(96, 576, generator=gen) * 0.05
     w = {"f32": L.pack_f32(torch.randn(100, 576, generator=gen)),
@@ -142,10 +145,14 @@ def test_the_cpu_tunings_change_speed_only(knob):
     runs = {}
     try:
         for value in (False, True):
-            avx512_only = knob != "one_row_prefetch"   # AVX2 builds have the one-row prefetch only
-            expected = value and bool(previous) and (L._library().simd == "avx512" or not avx512_only)
+            simd = L._library().simd
+            if knob == "codes_halves":   # AVX2 builds only
+                expected = value and simd == "avx2"
+            else:   # AVX2 builds have the one-row prefetch only
+                expected = value and bool(previous) and (simd == "avx512" or knob == "one_row_prefetch")
             assert L.tuning(**{knob: value})[knob] is expected
-            runs[value] = {(f, m): L.linear(x[:m], p) for f, p in w.items() for m in (1, 2, 4, 8, 12, 30, 40, 49, 300)}
+            runs[value] = {(f, m): L.linear(x[:m], p) for f, p in w.items()
+                           for m in (1, 2, 3, 4, 5, 8, 12, 30, 40, 49, 300)}
             if w8a8 is not None:
                 runs[value].update({("w8a8", m): L.linear_w8a8(x[:m], w8a8) for m in (1, 2, 8)})
     finally:
