@@ -325,6 +325,16 @@ static const block_fn blocks[FMT_COUNT][RB + 1] = {TABLE(FMT_F32), TABLE(FMT_BF1
  * 5 and 6 rows level, 4 rows 1.13x (so 4 keep the blocks). */
 #define HALF_ROWS 4
 
+/* out[r][0..cols) = acc[r] (+ bias) for R rows of half a tile (cols <= 16 of its channels). */
+AI void store_half(const int R, const vf *acc, const float *bias, float *out, int64_t ldo, int cols) {
+    const vm mask = vm_first(cols);
+    const vf b = bias ? vf_load_mask(bias, mask) : vf_zero();
+    for (int r = 0; r < R; r++) {
+        if (cols >= 16) vf_store(out + r * ldo, vf_add(acc[r], b));
+        else vf_store_mask(out + r * ldo, mask, vf_add(acc[r], b));
+    }
+}
+
 AI void half_rows(const int R, const float *x, int64_t ldx, const float *w, int64_t K, const float *bias,
                   float *out, int64_t ldo, int cols, const int pf, const char *pfa, int64_t pfstep) {
     vf acc[HB];
@@ -336,12 +346,7 @@ AI void half_rows(const int R, const float *x, int64_t ldx, const float *w, int6
         VF_IN_REG(wk);   /* one load a k, not one a row's FMA */
         for (int r = 0; r < R; r++) acc[r] = vf_fmadd(vf_set1(x[r * ldx + k]), wk, acc[r]);
     }
-    const vm mask = vm_first(cols);
-    const vf b = bias ? vf_load_mask(bias, mask) : vf_zero();
-    for (int r = 0; r < R; r++) {
-        if (cols >= 16) vf_store(out + r * ldo, vf_add(acc[r], b));
-        else vf_store_mask(out + r * ldo, mask, vf_add(acc[r], b));
-    }
+    store_half(R, acc, bias, out, ldo, cols);
 }
 
 typedef void (*half_fn)(const float *, int64_t, const float *, int64_t, const float *, float *, int64_t, int,
@@ -392,12 +397,7 @@ AI void half_codes(const int fmt, const int R, const float *x, int64_t ldx, cons
             }
         }
     }
-    const vm mask = vm_first(cols);
-    const vf b = bias ? vf_load_mask(bias, mask) : vf_zero();
-    for (int r = 0; r < R; r++) {
-        if (cols >= 16) vf_store(out + r * ldo, vf_add(acc[r], b));
-        else vf_store_mask(out + r * ldo, mask, vf_add(acc[r], b));
-    }
+    store_half(R, acc, bias, out, ldo, cols);
 }
 
 typedef void (*code_fn)(const float *, int64_t, const tile_t *, int, const float *, float *, int64_t, int,
