@@ -361,8 +361,8 @@ HALF(1) HALF(2) HALF(3) HALF(4) HALF(5) HALF(6)
 static const half_fn halves[HB + 1] = {NULL, half_1, half_2, half_3, half_4, half_5, half_6};
 
 /* R rows of x against half h (channels 16 h ..) of a packed int8 or int4 tile, each k's 16
- * weights decoded in registers as decode_tile decodes them (int8: codes times the group's
- * scale; int4: codes times scale plus min) and multiplied into every row of the block:
+ * weights decoded in registers by decode_tile's own steps (tile_decode.h's int8_half and
+ * int4_half) and multiplied into every row of the block:
  * half_rows' products on decode_tile's weights, so the same bits, without the buffer. */
 AI void half_codes(const int fmt, const int R, const float *x, int64_t ldx, const tile_t *t, const int h,
                    const float *bias, float *out, int64_t ldo, int cols, const int pf, const char *pfa,
@@ -381,14 +381,8 @@ AI void half_codes(const int fmt, const int R, const float *x, int64_t ldx, cons
             if (pf)
                 for (int64_t o = 0; o < pfstep; o += 64) _mm_prefetch(pfa + k * pfstep + o, _MM_HINT_T1);
             vf w0, w1 = vf_zero();
-            if (fmt == FMT_INT8) {
-                w0 = vf_mul(vf_from_i8((const int8_t *)t->data + k * TILE + 16 * h), s);
-            } else {
-                vf lo, hi;
-                vf_from_nibbles((const uint8_t *)t->data + k / 2 * TILE + 16 * h, &lo, &hi);
-                w0 = vf_fmadd(lo, s, m);
-                w1 = vf_fmadd(hi, s, m);
-            }
+            if (fmt == FMT_INT8) w0 = int8_half((const int8_t *)t->data + k * TILE + 16 * h, s);
+            else int4_half((const uint8_t *)t->data + k / 2 * TILE + 16 * h, s, m, &w0, &w1);
             VF_IN_REG(w0);
             for (int r = 0; r < R; r++) acc[r] = vf_fmadd(vf_set1(x[r * ldx + k]), w0, acc[r]);
             if (fmt == FMT_INT4) {

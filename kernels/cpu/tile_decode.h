@@ -20,18 +20,25 @@ AI void bf16_pair(const uint16_t *p, vf w[2]) {
     for (int h = 0; h < 2; h++) w[h] = vf_from_bf16(p + 16 * h);
 }
 
+/* 16 channels' int8 weights of one k: the codes times their scales. */
+AI vf int8_half(const int8_t *p, vf s) { return vf_mul(vf_from_i8(p), s); }
+
 AI void int8_pair(const int8_t *p, const vf s[2], vf w[2]) {
-    for (int h = 0; h < 2; h++) w[h] = vf_mul(vf_from_i8(p + 16 * h), s[h]);
+    for (int h = 0; h < 2; h++) w[h] = int8_half(p + 16 * h, s[h]);
+}
+
+/* 16 channels' int4 weights of a k pair from 16 bytes: the even k (low nibbles) and the odd,
+ * each code times its scale plus its min. */
+AI void int4_half(const uint8_t *p, vf s, vf m, vf *even, vf *odd) {
+    vf lo, hi;
+    vf_from_nibbles(p, &lo, &hi);
+    *even = vf_fmadd(lo, s, m);
+    *odd = vf_fmadd(hi, s, m);
 }
 
 /* Two k of 32 channels from 32 bytes: w[0..1] the even k (low nibbles), w[2..3] the odd. */
 AI void int4_quad(const uint8_t *p, const vf s[2], const vf m[2], vf w[4]) {
-    for (int h = 0; h < 2; h++) {
-        vf lo, hi;
-        vf_from_nibbles(p + 16 * h, &lo, &hi);
-        w[h] = vf_fmadd(lo, s[h], m[h]);
-        w[2 + h] = vf_fmadd(hi, s[h], m[h]);
-    }
+    for (int h = 0; h < 2; h++) int4_half(p + 16 * h, s[h], m[h], &w[h], &w[2 + h]);
 }
 
 AI void codes8_pair(const int8_t *p, vf w[2]) {
